@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv and install draftline with its test tools.
+# torch: the CPU build is pinned first so that pip does not pull a multi-GB CUDA build on a CPU box;
+# on a GPU machine, install your CUDA build of torch first (or set DRAFTLINE_TORCH to its spec).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q "${DRAFTLINE_TORCH:-torch==2.13.0}"
+python -m pip install -q -e '.[dev]'

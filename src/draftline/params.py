@@ -1,0 +1,21 @@
+"""Reading ``params.yaml``: each stage reads only the sections it declares in ``dvc.yaml``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PARAMS_FILE = Path(os.environ.get("DRAFTLINE_PARAMS", "params.yaml"))
+
+
+def load_params(*sections: str, path: str | os.PathLike = PARAMS_FILE) -> dict[str, Any]:
+    """Return ``{section: value}`` for the named top-level sections; a missing one is a clear error."""
+    with open(path, encoding="utf-8") as f:
+        params = yaml.safe_load(f) or {}
+    missing = [s for s in sections if s not in params]
+    if missing:
+        raise KeyError(f"{path} has no section(s) {missing}; add them (see the README's params reference)")
+    return {s: params[s] for s in sections}
