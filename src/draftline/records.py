@@ -69,3 +69,39 @@ class CompletionRecord(PromptRecord):
         """The messages up to (not including) the target's final reply."""
         last = max(i for i, m in enumerate(self.messages) if m["role"] != "assistant") if self.messages else -1
         return self.messages[: last + 1]
+
+
+@dataclass
+class TargetInfo:
+    """What every stage after ``target`` needs to know about the target model (``data/target/target.json``).
+
+    ``path`` is the Hugging Face folder to load with ``AutoTokenizer`` / ``AutoModelForCausalLM``; for a real
+    checkpoint it is used in place. ``tokenizer_fingerprint`` is a sha256 over the tokenizer files and the chat
+    template: data made under one fingerprint is only ever merged with data of the same fingerprint.
+    """
+
+    path: str
+    tokenizer_fingerprint: str
+    chat_template_sha256: str
+    eos_token: str
+    eos_token_id: int
+    pad_token_id: int | None
+    end_of_turn_token: str
+    end_of_turn_token_id: int
+    think_start_token: str | None
+    think_end_token: str | None
+    # An id the target never produces, used as the drafter's mask token.
+    mask_token_id: int
+    vocab_size: int
+    # From config.json where there is one (a tokenizer-only folder has none).
+    num_hidden_layers: int | None = None
+    hidden_size: int | None = None
+    model_fingerprint: str | None = None
+    embedded: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TargetInfo":
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
