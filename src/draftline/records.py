@@ -30,6 +30,19 @@ def dumps(obj: Any) -> str:
 
 
 @dataclass
+class Conversation:
+    """A source row normalised by an adapter: the whole conversation, the dataset's own answers included.
+
+    The prompt stage cuts prompts out of it; the embedded target trains on it.
+    """
+
+    source: str
+    row: int
+    messages: list[Message]
+    tools: list[Tool] | None = None
+
+
+@dataclass
 class PromptRecord:
     """One prompt for the target: the output of the prompt stage (``data/prompts/*.jsonl``)."""
 
