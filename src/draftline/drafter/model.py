@@ -1,0 +1,350 @@
+"""The DFlash drafter: a few Qwen3 decoder layers that denoise a block of mask tokens in one pass.
+
+What makes it DFlash (z-lab, "Block Diffusion for Flash Speculative Decoding"):
+
+* the hidden states of a few target layers (``target_layer_ids``, spread from layer 1 to L-3) are concatenated,
+  projected to the hidden size by ``fc`` and normalised by ``hidden_norm``: the *context features*;
+* every drafter layer uses them as extra keys and values in front of the block ("KV injection"); the block's own
+  queries, keys and values come from the block, and attention inside the block is NOT causal;
+* a block is the last accepted token followed by ``block_size - 1`` mask tokens; one pass proposes them all;
+* the embedding and the lm_head are the target's own, frozen: they are borrowed (:class:`SharedTarget`), never
+  saved, so a checkpoint holds only ``layers.*``, ``fc``, ``hidden_norm`` and ``norm``: z-lab's layout, which
+  SGLang and vLLM load as ``DFlashDraftModel``.
+
+The arithmetic follows z-lab's reference drafter exactly (k_norm on the context keys, no input norm on the
+context, RoPE at absolute positions for context and block), so that weights trained here mean the same thing
+in those servers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    apply_rotary_pos_emb,
+    repeat_kv,
+)
+
+from draftline.files import atomic_path
+
+ARCHITECTURE = "DFlashDraftModel"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+# Fields of the target's (text) config the drafter must share: the embedding and lm_head are the target's,
+# so the hidden size and vocabulary must match; the rest keeps the drafter a Qwen3 that servers can build.
+_SHARED_FIELDS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "vocab_size",
+    "max_position_embeddings",
+    "hidden_act",
+    "rope_parameters",
+)
+
+# PretrainedConfig bookkeeping that means nothing for a drafter; left out of config.json to keep it readable.
+_GENERIC_CONFIG_KEYS = {
+    "_name_or_path", "id2label", "label2id", "chunk_size_feed_forward", "output_attentions",
+    "output_hidden_states", "problem_type", "return_dict", "is_encoder_decoder",
+}
+
+
+def build_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
+    """``count`` target layers spread evenly from layer 1 to layer L-3, as z-lab picks them.
+
+    The last layers are left out because they are specialised to the target's own next token; the middle
+    ones carry what the following tokens depend on. One layer: the middle one.
+    """
+    if count < 1:
+        raise ValueError(f"need at least one target layer, got {count}")
+    if count == 1:
+        return [num_target_layers // 2]
+    start, end = 1, max(1, num_target_layers - 3)
+    ids = sorted({int(round(start + i * (end - start) / (count - 1))) for i in range(count)})
+    return ids
+
+
+def make_config(
+    target_config: Any,
+    *,
+    num_layers: int,
+    block_size: int,
+    mask_token_id: int,
+    target_layer_ids: list[int],
+) -> Qwen3Config:
+    """The drafter's config: the target's shapes, ``num_layers`` layers, and the DFlash fields in z-lab's layout."""
+    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    n_target = int(text.num_hidden_layers)
+    bad = [i for i in target_layer_ids if not 0 <= i < n_target]
+    if bad:
+        raise ValueError(f"target_layer_ids {bad} are outside the target's {n_target} layers")
+    shared = {k: getattr(text, k) for k in _SHARED_FIELDS if getattr(text, k, None) is not None}
+    shared.setdefault("head_dim", text.hidden_size // text.num_attention_heads)
+    return Qwen3Config(
+        **shared,
+        num_hidden_layers=num_layers,
+        architectures=[ARCHITECTURE],
+        block_size=block_size,
+        num_target_layers=n_target,
+        dflash_config={"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)},
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
+
+
+@dataclass
+class SharedTarget:
+    """The target's frozen embedding and lm_head, borrowed by the drafter.
+
+    A plain dataclass, not a Module: the drafter's ``state_dict``, ``parameters()`` and DDP never see them,
+    so they are neither trained nor saved.
+    """
+
+    embed: nn.Module
+    lm_head: nn.Module
+
+    @classmethod
+    def of(cls, target: nn.Module) -> "SharedTarget":
+        return cls(target.get_input_embeddings(), target.get_output_embeddings())
+
+
+def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """Concatenate the outputs of the chosen target layers: ``[b, n, len(layer_ids) * hidden]``.
+
+    ``hidden_states`` is what ``output_hidden_states=True`` returns: index 0 is the embedding output, so
+    layer ``i``'s output is at ``i + 1``.
+    """
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+class DraftCache:
+    """The context keys and values of every drafter layer, for one sequence being decoded.
+
+    Only the context (the target's features of accepted tokens) is cached; the block's own keys and values
+    are recomputed each pass and never stored, so nothing has to be cropped after a rejection.
+    """
+
+    def __init__(self, num_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        k = self.keys[0]
+        return 0 if k is None else k.shape[2]
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class DFlashAttention(nn.Module):
+    """Block queries attend to [context features | block], without a causal mask inside the block."""
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.n_rep = config.num_attention_heads // config.num_key_value_heads
+        bias = getattr(config, "attention_bias", False)
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:2], -1, self.head_dim)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated, normalised keys and values ``[b, kv_heads, n, head_dim]`` of ``x`` at the given positions."""
+        k = self.k_norm(self._heads(self.k_proj(x))).transpose(1, 2)
+        v = self._heads(self.v_proj(x)).transpose(1, 2)
+        k, _ = apply_rotary_pos_emb(k, k, cos, sin)
+        return k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        q = self.q_norm(self._heads(self.q_proj(x))).transpose(1, 2)
+        q, _ = apply_rotary_pos_emb(q, q, cos, sin)
+        k, v = self.keys_values(x, cos, sin)
+        k = repeat_kv(torch.cat([ctx_k, k], dim=2), self.n_rep)
+        v = repeat_kv(torch.cat([ctx_v, v], dim=2), self.n_rep)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class DFlashLayer(nn.Module):
+    """A Qwen3 decoder layer whose attention also reads the injected context keys and values."""
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        self.self_attn = DFlashAttention(config)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, h, ctx_k, ctx_v, cos, sin, mask) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), ctx_k, ctx_v, cos, sin, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDrafter(nn.Module):
+    """The drafter. Trainable parameters only; the target's embedding and lm_head are bound with :meth:`bind`.
+
+    Two entry points:
+
+    * :meth:`forward` (training): many blocks at once over a whole sequence's context, with a block mask;
+    * :meth:`draft_logits` (decoding): one block after the accepted prefix, with a :class:`DraftCache` of the
+      context keys and values, so each step only projects the features of the newly accepted tokens.
+    """
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        self.config = config
+        dflash = config.dflash_config
+        self.block_size = int(config.block_size)
+        self.mask_token_id = int(dflash["mask_token_id"])
+        self.target_layer_ids = [int(i) for i in dflash["target_layer_ids"]]
+        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
+        self.fc = nn.Linear(len(self.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.shared: SharedTarget | None = None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # Qwen3's initialisation: small normal weights; RMSNorm weights stay at one.
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def bind(self, target: nn.Module) -> "DFlashDrafter":
+        """Borrow the target's frozen embedding and lm_head (required before :meth:`embed` / :meth:`logits`)."""
+        shared = SharedTarget.of(target)
+        if shared.embed.weight.shape[-1] != self.config.hidden_size:
+            raise ValueError(
+                f"the target's hidden size {shared.embed.weight.shape[-1]} is not the drafter's "
+                f"{self.config.hidden_size}: this drafter was trained for another target"
+            )
+        self.shared = shared
+        return self
+
+    def _require_shared(self) -> SharedTarget:
+        if self.shared is None:
+            raise RuntimeError("call drafter.bind(target) first: the drafter uses the target's embedding and lm_head")
+        return self.shared
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._require_shared().embed(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._require_shared().lm_head(hidden)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features ``[b, n, len(layer_ids) * hidden]`` -> context ``[b, n, hidden]`` (fc + RMSNorm)."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        features: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        block_positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: DraftCache | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states ``[b, q, hidden]`` of the block tokens (apply :meth:`logits` for logits).
+
+        ``block_embeds`` [b, q, hidden]: embeddings of the block tokens (anchor + masks), possibly many blocks;
+        ``features`` [b, s, n*hidden]: target features of the context (with a cache: only the new tokens);
+        ``ctx_positions`` [b, s] / ``block_positions`` [b, q]: absolute positions for RoPE;
+        ``mask`` [b, 1, q, context + q] boolean, True = may attend; None = everything visible.
+        """
+        ctx = self.project(features)
+        h = block_embeds.to(ctx.dtype)
+        ctx_cos, ctx_sin = self.rotary_emb(ctx, ctx_positions)
+        cos, sin = self.rotary_emb(h, block_positions)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.keys_values(ctx, ctx_cos, ctx_sin)
+            if cache is not None:
+                k, v = cache.extend(i, k, v)
+            h = layer(h, k, v, cos, sin, mask)
+        return self.norm(h)
+
+    def new_cache(self) -> DraftCache:
+        return DraftCache(len(self.layers))
+
+    @torch.no_grad()
+    def draft_logits(self, new_features: torch.Tensor, last_token: torch.Tensor, cache: DraftCache) -> torch.Tensor:
+        """Logits ``[b, block_size - 1, vocab]`` for the mask positions of the next block.
+
+        ``new_features`` [b, n, n_layers*hidden]: target features (:func:`target_features`) of the tokens
+        accepted since the last call (the whole prompt on the first call), which are appended to ``cache``;
+        ``last_token`` [b]: the last accepted token (the target's bonus token), which opens the block and
+        whose own features the target has not computed yet. Its position is ``cache.length`` after the append.
+        """
+        b, n = new_features.shape[:2]
+        start = cache.length + n
+        device = new_features.device
+        ctx_positions = torch.arange(start - n, start, device=device).expand(b, n)
+        block_positions = torch.arange(start, start + self.block_size, device=device).expand(b, self.block_size)
+        ids = torch.full((b, self.block_size), self.mask_token_id, dtype=torch.long, device=device)
+        ids[:, 0] = last_token
+        hidden = self(self.embed(ids), new_features, ctx_positions, block_positions, None, cache)
+        return self.logits(hidden[:, 1:])
+
+    # -- the z-lab checkpoint layout ------------------------------------------------------------------
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (drafter weights only), atomically as one folder."""
+        with atomic_path(path) as tmp:
+            tmp.mkdir(parents=True)
+            config = {k: v for k, v in self.config.to_dict().items() if k not in _GENERIC_CONFIG_KEYS}
+            config["dtype"] = str(self.fc.weight.dtype).removeprefix("torch.")
+            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target: nn.Module | None = None) -> "DFlashDrafter":
+        """Load a drafter saved in z-lab's layout; bind it to ``target`` when given."""
+        path = Path(path)
+        raw = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        if ARCHITECTURE not in raw.get("architectures", []):
+            raise ValueError(f"{path / CONFIG_FILE} is not a {ARCHITECTURE} config: {raw.get('architectures')}")
+        raw.pop("dtype", None)
+        model = cls(Qwen3Config(**raw))
+        state = load_file(str(path / WEIGHTS_FILE))
+        model.load_state_dict({k: v.to(model.fc.weight.dtype) for k, v in state.items()}, strict=True)
+        if target is not None:
+            model.bind(target)
+            model.to(target.get_input_embeddings().weight.device)
+        return model.eval()
