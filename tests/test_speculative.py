@@ -197,3 +197,19 @@ def test_bad_proposals_are_refused(target, prompts):
         speculative_generate(target, deep, p, MAX_NEW)
     with pytest.raises(ValueError, match="max_new_tokens"):
         greedy_generate(target, p, 0)
+
+
+def test_untrained_dflash_drafter_is_lossless(target, prompts, tmp_path):
+    from draftline.drafter.model import DFlashDrafter, make_config
+    from draftline.drafter.speculative import DFlashProposer
+
+    torch.manual_seed(3)
+    cfg = make_config(target.config, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, target_layer_ids=[0, 1])
+    DFlashDrafter(cfg).save_pretrained(tmp_path / "drafter")
+    proposer = DFlashProposer(DFlashDrafter.from_pretrained(tmp_path / "drafter", target))
+    for p in prompts:
+        gen = speculative_generate(target, proposer, p, MAX_NEW)
+        assert gen.tokens == naive_greedy(target, p, MAX_NEW)
+        assert gen.drafted == [BLOCK - 1] * gen.steps
+        # At the last step the drafter had read every committed position: the prompt and all but the last step.
+        assert proposer.cache.length == len(p) + sum(gen.produced[:-1])

@@ -25,6 +25,8 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from draftline.drafter.model import DFlashDrafter, target_features
+
 
 @dataclass
 class DraftContext:
@@ -69,6 +71,32 @@ class NoDraft:
 
     def propose(self, ctx: DraftContext) -> torch.Tensor:
         return ctx.tokens.new_empty(0)
+
+
+class DFlashProposer:
+    """Drafts with a DFlash drafter: one drafter pass over [last accepted token, B-1 mask tokens] per step.
+
+    The drafter's cache holds the projected context of every committed position; each step appends only the
+    features of the tokens accepted since the previous step (``ctx.new``).
+    """
+
+    def __init__(self, drafter: DFlashDrafter):
+        self.drafter = drafter
+        self.block_size = drafter.block_size
+        self.target_layer_ids = tuple(drafter.target_layer_ids)
+        self.cache = drafter.new_cache()
+
+    def reset(self) -> None:
+        self.cache = self.drafter.new_cache()
+
+    def propose(self, ctx: DraftContext) -> torch.Tensor:
+        if self.cache.length + ctx.new != len(ctx.tokens) - 1:
+            raise RuntimeError(
+                f"drafter cache out of step: it holds {self.cache.length} positions, {ctx.new} arrive, "
+                f"but {len(ctx.tokens) - 1} are committed"
+            )
+        logits = self.drafter.draft_logits(ctx.hidden[None, len(ctx.hidden) - ctx.new :], ctx.tokens[-1:], self.cache)
+        return logits[0].argmax(dim=-1)
 
 
 @dataclass
@@ -128,7 +156,7 @@ class _Target:
         self.forwards += 1
         hidden = None
         if self.layer_ids:
-            hidden = torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], dim=-1)
+            hidden = target_features(out.hidden_states, self.layer_ids)[0]
         return out.logits[0], hidden
 
 
