@@ -1,0 +1,288 @@
+"""The ``tokenize`` stage: completions -> a ``datasets`` folder of ``input_ids`` + ``loss_mask`` (dataset_format).
+
+Reads ``data/completions/part-*.jsonl`` in file and line order, turns each completion into one row (``turns:
+last``) or one row per assistant turn (``turns: all``), and has ``workers`` processes render, tokenize and mask
+fixed-size chunks of them (:mod:`draftline.loss_mask`). Chunks are taken back in order, so the output is the
+same, byte for byte, whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from draftline.dataset_format import MAX_SHARD_BYTES, DatasetMeta, write_dataset
+from draftline.files import iter_jsonl, write_csv, write_json
+from draftline.logs import get_logger
+from draftline.loss_mask import OVERFLOW_MODES, ChunkResult, Example, MaskBuilder
+from draftline.records import CompletionRecord, TargetInfo
+from draftline.skips import Skips
+
+log = get_logger(__name__)
+
+TURN_MODES = ("last", "all")
+HISTOGRAM_BINS = 64
+
+
+@dataclass(frozen=True)
+class TokenizeParams:
+    """``params.yaml: tokenize`` (each key is documented there and in docs/tokenize.md)."""
+
+    turns: str = "last"
+    max_len: int = 3072
+    overflow: str = "drop"
+    workers: int = 0
+    chunk_rows: int = 256
+    max_shard_mb: int = MAX_SHARD_BYTES // 1_000_000
+    strict: bool = False
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "TokenizeParams":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"params.yaml: tokenize has unknown key(s) {unknown}; known: {sorted(known)}")
+        p = cls(**params)
+        if p.turns not in TURN_MODES:
+            raise ValueError(f"tokenize.turns must be one of {TURN_MODES}, not {p.turns!r}")
+        if p.overflow not in OVERFLOW_MODES:
+            raise ValueError(f"tokenize.overflow must be one of {OVERFLOW_MODES}, not {p.overflow!r}")
+        if p.chunk_rows < 1 or p.max_shard_mb < 1 or p.workers < 0:
+            raise ValueError("tokenize.chunk_rows and max_shard_mb must be >= 1, workers >= 0 (0 = all cores)")
+        return p
+
+    @property
+    def num_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+
+def examples_from_record(rec: CompletionRecord, turns: str) -> Iterator[Example]:
+    """The rows one completion trains: its last assistant turn, or (``all``) every assistant turn with the
+    history the template shows before it (so earlier turns' reasoning is dropped exactly as Qwen3 drops it)."""
+    thinking = rec.generation.get("enable_thinking")
+    thinking = thinking if isinstance(thinking, bool) else None
+    if turns == "last":
+        yield Example(rec.id, rec.source, rec.prompt_messages, rec.messages, rec.tools, thinking)
+        return
+    k = 0
+    for i, m in enumerate(rec.messages):
+        if m.get("role") == "assistant" and i > 0:
+            yield Example(f"{rec.id}/turn{k}", rec.source, rec.messages[:i], rec.messages[: i + 1], rec.tools, thinking)
+            k += 1
+
+
+def read_examples(paths: list[Path], turns: str, skips: Skips) -> Iterator[Example]:
+    """Examples of every valid completion, in file and line order; bad lines are counted skips."""
+    for path in paths:
+        for lineno, obj, err in iter_jsonl(path):
+            where = f"{path.name}:{lineno}"
+            if err:
+                skips.add("invalid_json", where, err)
+                continue
+            try:
+                rec = CompletionRecord.from_dict(obj)
+                roles_ok = all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in rec.messages)
+            except (TypeError, AttributeError) as e:
+                skips.add("invalid_record", where, str(e))
+                continue
+            if not roles_ok or not rec.messages:
+                skips.add("invalid_record", where, "messages must be a non-empty list of {role, content} objects")
+                continue
+            if rec.messages[-1]["role"] != "assistant" or len(rec.prompt_messages) == 0:
+                skips.add("no_assistant_reply", where, f"id {rec.id}: the last message is not the target's reply")
+                continue
+            if rec.finish_reason == "length":
+                # Cut at max_tokens: the reply never ended, and a Qwen3 reply cut inside <think> is all reasoning.
+                skips.add("finish_length", where, f"id {rec.id}")
+                continue
+            yield from examples_from_record(rec, turns)
+
+
+def chunked(items: Iterator[Example], size: int) -> Iterator[list[Example]]:
+    chunk: list[Example] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def load_tokenizer(info: TargetInfo) -> Any:
+    """The target's tokenizer, through the target stage's loader when there is one."""
+    try:
+        from draftline.target import load_tokenizer as target_load_tokenizer  # type: ignore[attr-defined]
+    except ImportError:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(info.path, local_files_only=True)
+    return target_load_tokenizer(info)
+
+
+# One MaskBuilder per worker process, made once by the pool initializer.
+_BUILDER: MaskBuilder | None = None
+
+
+def _init_worker(info: TargetInfo, max_len: int, overflow: str) -> None:
+    global _BUILDER
+    # Each worker is one core: the tokenizer's own thread pool would make workers fight over the same cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _BUILDER = MaskBuilder(load_tokenizer(info), info.end_of_turn_token_id, max_len, overflow)
+
+
+def _work(chunk: list[Example]) -> ChunkResult:
+    assert _BUILDER is not None, "worker not initialised"
+    return _BUILDER(chunk)
+
+
+def tokenize_chunks(
+    chunks: Iterator[list[Example]], info: TargetInfo, max_len: int, overflow: str, workers: int
+) -> Iterator[ChunkResult]:
+    """Results of every chunk, in input order; ``workers`` processes, or this one when ``workers == 1``."""
+    if workers <= 1:
+        _init_worker(info, max_len, overflow)
+        yield from map(_work, chunks)
+        return
+    import multiprocessing as mp
+
+    # spawn, not fork: the parent may hold tokenizer and Arrow threads, which a fork copies in a broken state.
+    with mp.get_context("spawn").Pool(workers, _init_worker, (info, max_len, overflow)) as pool:
+        # A bounded window of chunks in flight keeps memory flat however many completions there are.
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_work, (chunk,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def length_stats(num_tokens: np.ndarray, num_loss: np.ndarray) -> dict[str, Any]:
+    total, loss = int(num_tokens.sum()), int(num_loss.sum())
+    if not len(num_tokens):
+        return {"samples": 0, "total_tokens": 0, "loss_tokens": 0}
+    return {
+        "samples": len(num_tokens),
+        "total_tokens": total,
+        "loss_tokens": loss,
+        "loss_coverage": round(loss / total, 6),
+        "mean_len": round(float(num_tokens.mean()), 3),
+        "median_len": float(np.median(num_tokens)),
+        "p90_len": float(np.percentile(num_tokens, 90)),
+        "max_len": int(num_tokens.max()),
+    }
+
+
+def histogram(num_tokens: np.ndarray, max_len: int) -> list[dict[str, int]]:
+    """Rows per length bin (``seq_len`` is the bin's lower edge) for ``dvc plots show``."""
+    width = max(1, -(-max_len // HISTOGRAM_BINS))
+    counts = np.bincount(num_tokens // width, minlength=HISTOGRAM_BINS) if len(num_tokens) else np.zeros(HISTOGRAM_BINS)
+    return [{"seq_len": i * width, "rows": int(c)} for i, c in enumerate(counts)]
+
+
+def run_tokenize(
+    completions_dir: str | os.PathLike,
+    target_json: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    metrics_path: str | os.PathLike,
+    plot_path: str | os.PathLike,
+    params: TokenizeParams,
+) -> dict[str, Any]:
+    """Run the stage; returns the metrics it writes."""
+
+    info = TargetInfo.from_dict(json.loads(Path(target_json).read_text(encoding="utf-8")))
+    paths = sorted(Path(completions_dir).glob("part-*.jsonl"))
+    if not paths:
+        raise FileNotFoundError(f"no part-*.jsonl in {completions_dir}: run the generate stage first")
+    _check_template(info)
+    skips = Skips(log, strict=params.strict)
+    workers = params.num_workers
+    log.info("tokenizing %d completion files with %d worker(s), turns=%s", len(paths), workers, params.turns)
+
+    meta = DatasetMeta(
+        tokenizer_fingerprint=info.tokenizer_fingerprint,
+        chat_template_sha256=info.chat_template_sha256,
+        enable_thinking=None,
+        max_len=params.max_len,
+        mask_token_id=info.mask_token_id,
+        end_of_turn_token_id=info.end_of_turn_token_id,
+    )
+    truncated = 0
+    thinking: set[bool | None] = set()
+    num_tokens: list[np.ndarray] = []
+    num_loss: list[np.ndarray] = []
+    sources: list[str] = []
+    bar = tqdm(desc="tokenize", unit=" rows")
+    started = time.perf_counter()
+
+    def tables() -> Iterator[pa.Table]:
+        nonlocal truncated
+        chunks = chunked(read_examples(paths, params.turns, skips), params.chunk_rows)
+        for res in tokenize_chunks(chunks, info, params.max_len, params.overflow, workers):
+            for reason, row_id, detail in res.skips:
+                skips.add(reason, row_id, detail)
+            truncated += res.truncated
+            thinking.update(res.thinking)
+            num_tokens.append(res.table.column("num_tokens").to_numpy())
+            num_loss.append(res.table.column("num_loss_tokens").to_numpy())
+            sources.extend(res.table.column("source").to_pylist())
+            bar.update(res.table.num_rows + len(res.skips))
+            yield res.table
+        # write_dataset writes draftline.json after the last table, so the mode is known by then.
+        if len(thinking) > 1:
+            log.warning("rows come from generation runs with and without thinking: enable_thinking recorded as null")
+        meta.enable_thinking = next(iter(thinking)) if len(thinking) == 1 else None
+
+    write_dataset(out_dir, tables(), meta, max_shard_bytes=params.max_shard_mb * 1_000_000)
+    bar.close()
+    elapsed = time.perf_counter() - started
+
+    nt = np.concatenate(num_tokens) if num_tokens else np.zeros(0, np.int32)
+    nl = np.concatenate(num_loss) if num_loss else np.zeros(0, np.int32)
+    src = np.asarray(sources, dtype=object)
+    disk = sum(s.num_bytes for s in meta.shards)
+    metrics = {
+        **length_stats(nt, nl),
+        "truncated": truncated,
+        "skipped": skips.total,
+        "skips": skips.as_dict(),
+        "per_source": {s: length_stats(nt[src == s], nl[src == s]) for s in sorted(set(sources))},
+        "shards": len(meta.shards),
+        "bytes_per_token": round(disk / max(1, meta.num_tokens), 4),
+        "enable_thinking": meta.enable_thinking,
+    }
+    write_json(metrics_path, metrics)
+    write_csv(plot_path, histogram(nt, params.max_len), ["seq_len", "rows"])
+    log.info(
+        "wrote %d rows, %d tokens (%.1f%% supervised), %.3f bytes/token in %d shard(s); skipped %d %s; "
+        "%.0f tokens/s over %.1f s",
+        meta.num_rows, meta.num_tokens, 100 * metrics.get("loss_coverage", 0), metrics["bytes_per_token"],
+        len(meta.shards), skips.total, skips.as_dict(), meta.num_tokens / max(elapsed, 1e-9), elapsed,
+    )  # fmt: skip
+    return metrics
+
+
+def _check_template(info: TargetInfo) -> None:
+    """Refuse to render with a chat template other than the one the target stage recorded."""
+    tok = load_tokenizer(info)
+    template = tok.chat_template
+    if not isinstance(template, str):
+        raise ValueError(f"the tokenizer at {info.path} has no (single) chat template; the target stage must give one")
+    sha = hashlib.sha256(template.encode("utf-8")).hexdigest()
+    if info.chat_template_sha256 and sha != info.chat_template_sha256:
+        raise ValueError(
+            f"the chat template at {info.path} (sha256 {sha[:12]}) is not the one data/target/target.json records "
+            f"({info.chat_template_sha256[:12]}): re-run the target stage"
+        )
