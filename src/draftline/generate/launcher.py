@@ -1,0 +1,117 @@
+"""Starting and stopping an SGLang server for the stage (``generate.launch``).
+
+The stage starts ``python -m sglang.launch_server`` itself when asked to, waits until ``/health`` answers,
+and stops the whole process group at the end, so that no GPU process outlives the run. The server's output
+goes to a log file kept beside the journal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from draftline.logs import get_logger
+
+log = get_logger(__name__)
+
+LAUNCH_DEFAULTS: dict[str, Any] = {
+    "gpus": None,  # e.g. "0,1,2,3" -> CUDA_VISIBLE_DEVICES; None keeps the environment's
+    "dp_size": 1,
+    "tp_size": 1,
+    "host": "127.0.0.1",
+    "port": 30000,
+    "extra_args": [],
+    "health_timeout_s": 1800,
+}
+
+
+def sglang_command(model_path: str, launch: dict[str, Any], enable_thinking: bool, python: str = sys.executable) -> list[str]:
+    """The ``sglang.launch_server`` command line for ``launch`` (see LAUNCH_DEFAULTS)."""
+    cfg = {**LAUNCH_DEFAULTS, **(launch or {})}
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_path),
+           "--host", str(cfg["host"]), "--port", str(cfg["port"])]
+    if int(cfg["tp_size"]) > 1:
+        cmd += ["--tp-size", str(cfg["tp_size"])]
+    if int(cfg["dp_size"]) > 1:
+        cmd += ["--dp-size", str(cfg["dp_size"])]
+    if enable_thinking:
+        # Without it SGLang returns the reasoning inside `content`; with it, apart as `reasoning_content`.
+        cmd += ["--reasoning-parser", "qwen3"]
+    cmd += [str(a) for a in cfg["extra_args"]]
+    return cmd
+
+
+def launch_env(launch: dict[str, Any]) -> dict[str, str]:
+    env = dict(os.environ)
+    gpus = {**LAUNCH_DEFAULTS, **(launch or {})}["gpus"]
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if isinstance(gpus, list) else str(gpus)
+    return env
+
+
+class Server:
+    """A server process run for the duration of a ``with`` block; ready once ``base_url + /health`` says 200."""
+
+    def __init__(self, argv: list[str], base_url: str, log_path: str | os.PathLike,
+                 env: dict[str, str] | None = None, health_timeout_s: float = 1800.0):
+        self.argv = argv
+        self.base_url = base_url.rstrip("/")
+        self.log_path = Path(log_path)
+        self.env = env
+        self.health_timeout_s = health_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Server":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("starting %s (log: %s)", " ".join(self.argv), self.log_path)
+        self._log = open(self.log_path, "ab")
+        # A session of its own, so that stopping it stops every worker it forked (tp/dp ranks).
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.health_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with code {self.proc.returncode} before it was ready; "
+                                   f"see its log {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        log.info("server ready at %s", self.base_url)
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.base_url}/health did not answer 200 within {self.health_timeout_s}s; "
+                           f"see {self.log_path} or raise generate.launch.health_timeout_s")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            pgid = os.getpgid(self.proc.pid)
+            os.killpg(pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(pgid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        self.proc = None

@@ -1,0 +1,125 @@
+"""The ``local`` backend: the target loaded in-process with transformers, batched generation on CPU or GPU.
+
+It renders every prompt with the target's own chat template exactly as SGLang does
+(``apply_chat_template(messages, tools=tools, add_generation_prompt=True, enable_thinking=...)``), decodes
+with special tokens skipped as SGLang does by default, and splits reasoning from the answer at ``</think>``
+the way SGLang's ``qwen3`` reasoning parser does, so a record looks the same whichever backend made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from draftline.generate.openai_client import ChatResult
+from draftline.records import Message, TargetInfo, Tool
+
+LOCAL_DEFAULTS: dict[str, Any] = {"device": "auto", "dtype": "float32", "batch_size": 8}
+
+
+def render_prompt(tokenizer, messages: list[Message], tools: list[Tool] | None, enable_thinking: bool) -> str:
+    """The prompt text the server would build: the target's own template, generation prompt added."""
+    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                         tokenize=False, enable_thinking=enable_thinking)
+
+
+def split_reasoning(text: str, think_start: str, think_end: str, in_reasoning: bool) -> tuple[str | None, str]:
+    """``(reasoning, content)`` as SGLang's reasoning parser splits a whole reply.
+
+    ``in_reasoning`` is true when the prompt already opened the think block (thinking-only templates).
+    A reply cut before ``think_end`` is all reasoning, which is why truncated replies are kept out of the data.
+    """
+    if not (in_reasoning or think_start in text):
+        return None, text
+    text = text.replace(think_start, "").strip()
+    if think_end not in text:
+        return text, ""
+    reasoning, content = text.split(think_end, 1)
+    return reasoning, content.strip()
+
+
+def _load(info: TargetInfo):
+    try:  # the target stage's loaders, where they exist, know the embedded target's quirks
+        from draftline.target import load_model, load_tokenizer  # type: ignore[attr-defined]
+
+        return load_tokenizer(info), load_model(info)
+    except ImportError:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        return (AutoTokenizer.from_pretrained(info.path, local_files_only=True),
+                AutoModelForCausalLM.from_pretrained(info.path, local_files_only=True))
+
+
+class LocalBackend:
+    """Generates replies for batches of ``(messages, tools)`` with the sampling params of the run."""
+
+    def __init__(self, info: TargetInfo, sampling: dict[str, Any], enable_thinking: bool, local: dict[str, Any]):
+        import torch
+
+        cfg = {**LOCAL_DEFAULTS, **(local or {})}
+        self.torch = torch
+        self.info = info
+        self.sampling = sampling
+        self.enable_thinking = enable_thinking
+        self.batch_size = int(cfg["batch_size"])
+        device = cfg["device"]
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.tokenizer, model = _load(info)
+        dtype = getattr(torch, cfg["dtype"]) if cfg["dtype"] != "auto" else None
+        self.model = (model.to(dtype=dtype) if dtype else model).to(self.device).eval()
+        self.stop_ids = sorted({info.end_of_turn_token_id, info.eos_token_id})
+        pad = info.pad_token_id if info.pad_token_id is not None else info.eos_token_id
+        self.pad_id = pad
+        self.think_start = info.think_start_token or "<think>"
+        self.think_end = info.think_end_token or "</think>"
+
+    def generate(self, requests: list[tuple[list[Message], list[Tool] | None]]) -> list[ChatResult]:
+        """One batched ``model.generate`` over the requests (left-padded), one :class:`ChatResult` each."""
+        torch = self.torch
+        from transformers import GenerationConfig
+
+        texts = [render_prompt(self.tokenizer, m, t, self.enable_thinking) for m, t in requests]
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        width = max(len(x) for x in ids)
+        input_ids = torch.tensor([[self.pad_id] * (width - len(x)) + x for x in ids], device=self.device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=self.device)
+        s = self.sampling
+        greedy = float(s["temperature"]) <= 0.0
+        gen = GenerationConfig(
+            max_new_tokens=int(s["max_tokens"]), do_sample=not greedy,
+            temperature=None if greedy else float(s["temperature"]),
+            top_p=None if greedy else float(s["top_p"]),
+            top_k=None if greedy or s.get("top_k") in (None, -1, 0) else int(s["top_k"]),
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+        )
+        if not greedy:
+            # Seeded by the batch's content, so a resumed run samples a batch exactly as an uninterrupted one.
+            digest = hashlib.sha256(("\n".join(texts) + f"\n{s.get('seed', 0)}").encode()).digest()
+            torch.manual_seed(int.from_bytes(digest[:8], "little"))
+        with torch.no_grad():
+            out = self.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=gen)
+        results = []
+        for row, prompt_ids, text in zip(out[:, width:].tolist(), ids, texts):
+            n, finish = len(row), "length"
+            for i, tok in enumerate(row):
+                if tok in self.stop_ids:
+                    n, finish = i + 1, "stop"
+                    break
+            reply = self.tokenizer.decode(row[:n], skip_special_tokens=True)
+            results.append(self._result(reply, text, finish, len(prompt_ids), n))
+        return results
+
+    def _result(self, reply: str, prompt_text: str, finish: str, n_prompt: int, n_out: int) -> ChatResult:
+        message: dict[str, Any] = {"role": "assistant"}
+        if self.enable_thinking:
+            opened = prompt_text.rstrip().endswith(self.think_start)
+            reasoning, content = split_reasoning(reply, self.think_start, self.think_end, opened)
+            message["content"] = content
+            if reasoning:
+                message["reasoning_content"] = reasoning
+        else:
+            message["content"] = reply
+        return ChatResult(message=message, finish_reason=finish,
+                          usage={"prompt_tokens": n_prompt, "completion_tokens": n_out})

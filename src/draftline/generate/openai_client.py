@@ -1,0 +1,194 @@
+"""An async client for OpenAI-compatible ``/v1/chat/completions`` servers (SGLang, its router, vLLM).
+
+Several endpoints, ``concurrency`` requests in flight on each, every request sent to the least-busy endpoint
+with a free slot. Transport errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter, and
+an endpoint that just failed that way cools down so that its siblings take the load; any other 4xx (a prompt
+longer than the context, say) fails at once, because sending it again cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+@dataclass
+class ChatResult:
+    """One assistant reply as the server returned it."""
+
+    message: dict[str, Any]  # {"role": "assistant", "content", "reasoning_content"?, "tool_calls"?}
+    finish_reason: str | None
+    usage: dict[str, int]
+
+
+class RequestFailed(Exception):
+    """A request that did not produce a reply; ``reason`` is the short tag counted in the metrics."""
+
+    def __init__(self, reason: str, detail: str = "", retryable: bool = False, retry_after: float | None = None):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+@dataclass
+class Endpoint:
+    url: str
+    in_flight: int = 0
+    sent: int = 0
+    cool_until: float = 0.0
+    failures: int = field(default=0)
+
+
+def parse_reply(body: dict[str, Any]) -> ChatResult:
+    """Read the first choice of a chat completion; ``reasoning_content`` stays apart from ``content``."""
+    choice = body["choices"][0]
+    msg = choice["message"]
+    message: dict[str, Any] = {"role": "assistant", "content": msg.get("content") or ""}
+    if msg.get("reasoning_content"):
+        message["reasoning_content"] = msg["reasoning_content"]
+    if msg.get("tool_calls"):
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+            for c in msg["tool_calls"]
+        ]
+    usage = body.get("usage") or {}
+    return ChatResult(
+        message=message,
+        finish_reason=choice.get("finish_reason"),
+        usage={"prompt_tokens": int(usage.get("prompt_tokens") or 0),
+               "completion_tokens": int(usage.get("completion_tokens") or 0)},
+    )
+
+
+class ChatClient:
+    """Use as ``async with ChatClient(...) as c: result = await c.chat(body, request_id)``."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        concurrency: int = 64,
+        timeout_s: float = 600.0,
+        retries: int = 5,
+        backoff_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+        seed: int = 0,
+    ):
+        if not endpoints:
+            raise ValueError("generate.endpoints is empty: list at least one server URL, e.g. http://127.0.0.1:30000")
+        self.endpoints = [Endpoint(u.rstrip("/")) for u in endpoints]
+        self.concurrency = concurrency
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self._rng = random.Random(seed)  # jitter only: it never changes a result
+        self._cond = asyncio.Condition()
+        self._session: aiohttp.ClientSession | None = None
+        self.retried = 0
+
+    async def __aenter__(self) -> "ChatClient":
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.concurrency)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _acquire(self) -> Endpoint:
+        """A slot on the least-busy endpoint that is not cooling down after a failure.
+
+        When every endpoint is cooling down, the free ones are probed anyway rather than stalling the run.
+        """
+        async with self._cond:
+            while True:
+                now = time.monotonic()
+                free = [e for e in self.endpoints if e.in_flight < self.concurrency]
+                ready = [e for e in free if e.cool_until <= now]
+                if not ready and all(e.cool_until > now for e in self.endpoints):
+                    ready = free
+                if ready:
+                    ep = min(ready, key=lambda e: (e.in_flight, e.sent))
+                    ep.in_flight += 1
+                    ep.sent += 1
+                    return ep
+                cooling = [e.cool_until - now for e in self.endpoints if e.cool_until > now]
+                try:
+                    await asyncio.wait_for(self._cond.wait(), min(cooling) if cooling else None)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _release(self, ep: Endpoint) -> None:
+        async with self._cond:
+            ep.in_flight -= 1
+            self._cond.notify()
+
+    async def chat(self, body: dict[str, Any], request_id: str) -> ChatResult:
+        """Send one request, retrying what may succeed later; raise :class:`RequestFailed` when out of tries."""
+        for attempt in range(self.retries + 1):
+            ep = await self._acquire()
+            try:
+                result = await self._post(ep, body, f"{request_id}-{attempt}")
+                ep.failures = 0
+                return result
+            except RequestFailed as e:
+                if not e.retryable or attempt == self.retries:
+                    raise
+                err = e
+                ep.failures += 1
+                ep.cool_until = time.monotonic() + self._delay(ep.failures - 1)
+            finally:
+                await self._release(ep)
+            # Back off without a slot, so that other requests keep the servers busy meanwhile.
+            self.retried += 1
+            await asyncio.sleep(max(self._delay(attempt), err.retry_after or 0.0))
+        raise AssertionError("unreachable")
+
+    def _delay(self, attempt: int) -> float:
+        return min(self.backoff_max_s, self.backoff_s * 2**attempt) * (0.5 + 0.5 * self._rng.random())
+
+    async def _post(self, ep: Endpoint, body: dict[str, Any], request_id: str) -> ChatResult:
+        assert self._session is not None, "use ChatClient as an async context manager"
+        try:
+            async with self._session.post(
+                ep.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+                retry_after = resp.headers.get("Retry-After")
+        except asyncio.TimeoutError as e:
+            raise RequestFailed("timeout", f"{ep.url}: no answer within {self.timeout.total}s", True) from e
+        except aiohttp.ClientError as e:
+            raise RequestFailed("connection", f"{ep.url}: {type(e).__name__}: {e}", True) from e
+        if status != 200:
+            detail = _error_message(raw)
+            retryable = status == 429 or status >= 500
+            after = float(retry_after) if retry_after and retry_after.isdigit() else None
+            raise RequestFailed(f"http_{status}", f"{ep.url}: {detail}", retryable, after)
+        try:
+            result = parse_reply(json.loads(raw))
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise RequestFailed("bad_response", f"{ep.url}: {type(e).__name__}: {e}", True) from e
+        if result.finish_reason == "abort":
+            raise RequestFailed("abort", f"{ep.url}: the server aborted the request", True)
+        return result
+
+
+def _error_message(raw: bytes) -> str:
+    """The ``message`` of an OpenAI/SGLang error body (``{"object": "error", "message", ...}``), else the text."""
+    try:
+        body = json.loads(raw)
+        err = body.get("error", body) if isinstance(body, dict) else body
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:500]
+    except ValueError:
+        pass
+    return raw[:500].decode("utf-8", errors="replace")

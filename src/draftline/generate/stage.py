@@ -1,0 +1,332 @@
+"""The generate stage: prompts -> the target's completions, resumable to the row.
+
+1. read the prompts and the target's description; 2. open the journal keyed by what decides a result;
+3. send only prompts without a result (SGLang/vLLM over HTTP, or the target in-process), journaling each
+result as it finishes; 4. write the shards and failures from the journal in prompt order; 5. write metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from draftline.files import iter_jsonl, write_json
+from draftline.generate.journal import FAILED, OK, PARTIAL, Journal, cache_root, journal_key
+from draftline.generate.launcher import LAUNCH_DEFAULTS, Server, launch_env, sglang_command
+from draftline.generate.local import LOCAL_DEFAULTS
+from draftline.generate.openai_client import ChatClient, ChatResult, RequestFailed
+from draftline.generate.report import summarize
+from draftline.generate.shards import write_outputs
+from draftline.generate.turns import dispatch_order, request_messages, split_turns
+from draftline.logs import get_logger
+from draftline.records import PromptRecord, TargetInfo, dumps
+from draftline.skips import Skips
+
+log = get_logger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "backend": "local",
+    "enable_thinking": False,
+    "max_tokens": 128,
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "seed": 0,
+    "shard_size": 1000,
+    "keep_truncated": False,
+    "model": None,
+    "endpoints": ["http://127.0.0.1:30000"],
+    "concurrency": 64,
+    "timeout_s": 600.0,
+    "retries": 5,
+    "backoff_s": 1.0,
+    "backoff_max_s": 60.0,
+    "launch": None,
+    "local": LOCAL_DEFAULTS,
+}
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
+
+
+def settings(params: dict[str, Any]) -> dict[str, Any]:
+    """``params.yaml: generate`` over the defaults; an unknown key is an error (a typo would be silently ignored)."""
+    unknown = sorted(set(params) - set(DEFAULTS))
+    if unknown:
+        raise KeyError(f"unknown generate params {unknown}; known: {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **params}
+    if s["backend"] not in ("local", "sglang"):
+        raise ValueError(f"generate.backend must be 'local' or 'sglang', got {s['backend']!r}")
+    s["local"] = {**LOCAL_DEFAULTS, **(s["local"] or {})}
+    if s["launch"] is not None:
+        s["launch"] = {**LAUNCH_DEFAULTS, **s["launch"]}
+    return s
+
+
+def read_prompts(path: str | Path, skips: Skips) -> list[PromptRecord]:
+    prompts, seen = [], set()
+    for lineno, value, error in iter_jsonl(path):
+        where = f"{path}:{lineno}"
+        if error:
+            skips.add("malformed", where, error)
+            continue
+        try:
+            p = PromptRecord.from_dict(value)
+            if not isinstance(p.id, str) or not isinstance(p.messages, list) or not p.messages:
+                raise TypeError("needs a string id and a non-empty messages list")
+        except (TypeError, KeyError, AttributeError) as e:
+            skips.add("bad_record", where, str(e))
+            continue
+        if p.id in seen:
+            skips.add("duplicate_id", where, p.id)
+            continue
+        seen.add(p.id)
+        prompts.append(p)
+    return prompts
+
+
+def prefix_group(p: PromptRecord) -> str:
+    """What a server's prefix cache can share between prompts: the leading system turn(s) and the tools."""
+    lead = []
+    for m in p.messages:
+        if m["role"] == "user":
+            break
+        lead.append(m)
+    return hashlib.sha256(dumps([lead, p.tools]).encode("utf-8")).hexdigest()
+
+
+class Conversation:
+    """One prompt being regenerated turn by turn; ``take`` returns the journal entry once it has ended."""
+
+    def __init__(self, prompt: PromptRecord, thinking: bool, prior: dict[str, Any] | None = None):
+        self.prompt = prompt
+        self.thinking = thinking
+        self.head, self.turns = split_turns(prompt.messages)
+        # A failed or half-done conversation resumes after its last finished turn: no finished request is resent.
+        self.replies: list[dict[str, Any]] = list(prior["replies"]) if prior else []
+        self.usage = dict(prior["usage"]) if prior else {"prompt_tokens": 0, "completion_tokens": 0}
+
+    def next_request(self) -> list[dict[str, Any]]:
+        return request_messages(self.head, self.turns, self.replies, len(self.replies))
+
+    def _entry(self, status: str, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {"id": self.prompt.id, "status": status, "replies": self.replies, "finish_reason": finish_reason,
+                "usage": dict(self.usage), **extra}
+
+    def take(self, r: ChatResult) -> dict[str, Any] | None:
+        for k in self.usage:
+            self.usage[k] += r.usage.get(k, 0)
+        truncated = r.finish_reason == "length"
+        if self.thinking and not truncated:
+            m = r.message
+            if not (m.get("content", "").strip() or m.get("tool_calls")) or not m.get("reasoning_content", "").strip():
+                return self.fail("empty", "thinking is on but the answer or the reasoning is empty")
+        self.replies.append(r.message)
+        if truncated or len(self.replies) == len(self.turns):
+            return self._entry(OK, r.finish_reason)
+        return None
+
+    def partial(self) -> dict[str, Any]:
+        return self._entry(PARTIAL)
+
+    def fail(self, reason: str, detail: str) -> dict[str, Any]:
+        return self._entry(FAILED, reason=reason, detail=detail)
+
+
+class Progress:
+    """A tqdm bar over conversations with output tokens/s beside completions/s and the ETA."""
+
+    def __init__(self, total: int):
+        self.bar = tqdm(total=total, unit="completion", desc="generate", dynamic_ncols=True, mininterval=0.5)
+        self.t0 = time.monotonic()
+        self.output_tokens = 0
+        self.finished = 0
+        self._shown = 0.0
+
+    def done(self, entry: dict[str, Any]) -> None:
+        self.finished += 1
+        self.output_tokens += entry["usage"]["completion_tokens"]
+        self.bar.update(1)
+        now = time.monotonic()
+        if now - self._shown > 1.0:
+            self._shown = now
+            self.bar.set_postfix_str(f"{self.output_tokens / max(now - self.t0, 1e-9):.0f} out tok/s", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class JournalWriter:
+    """Journals entries from the event loop with group commit: one fsync covers every entry that queued meanwhile."""
+
+    def __init__(self, journal: Journal):
+        self.journal = journal
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            entries = [e for e in batch if e is not None]
+            await asyncio.to_thread(self.journal.append_many, entries)
+            if None in batch:
+                return
+
+    def put(self, entry: dict[str, Any]) -> None:
+        self.queue.put_nowait(entry)
+
+    async def close(self) -> None:
+        self.queue.put_nowait(None)
+        await self.task
+
+
+def request_body(s: dict[str, Any], model: str) -> dict[str, Any]:
+    """The request fields every prompt shares: sampling params and the thinking switch."""
+    body: dict[str, Any] = {"model": model, "max_tokens": s["max_tokens"], "temperature": s["temperature"],
+                            "top_p": s["top_p"]}
+    if s["top_k"] not in (None, -1, 0):
+        body["top_k"] = s["top_k"]
+    if s["temperature"] > 0 and s["seed"] is not None:
+        body["seed"] = s["seed"]
+    body["chat_template_kwargs"] = {"enable_thinking": bool(s["enable_thinking"])}
+    return body
+
+
+async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str, Any]], s: dict[str, Any],
+                          endpoints: list[str], model: str, journal: Journal, entries: dict[str, dict[str, Any]],
+                          progress: Progress) -> dict[str, int]:
+    """Send ``pending`` (already in dispatch order) through one worker per slot; journal every result."""
+    base = request_body(s, model)
+    writer = JournalWriter(journal)
+    it = iter(pending)
+    sent = 0
+
+    async def converse(p: PromptRecord) -> None:
+        nonlocal sent
+        conv = Conversation(p, s["enable_thinking"], prior.get(p.id))
+        entry = None
+        while entry is None:
+            body = {**base, "messages": conv.next_request()}
+            if p.tools:
+                body["tools"] = p.tools
+            try:
+                sent += 1
+                result = await client.chat(body, f"{p.id}.{len(conv.replies)}")
+            except RequestFailed as e:
+                entry = conv.fail(e.reason, e.detail)
+                break
+            entry = conv.take(result)
+            if entry is None:
+                writer.put(conv.partial())
+        entries[p.id] = entry
+        writer.put(entry)
+        progress.done(entry)
+
+    async def worker() -> None:
+        for p in it:  # one shared iterator: each worker takes the next prompt in dispatch order
+            await converse(p)
+
+    async with ChatClient(endpoints, s["concurrency"], s["timeout_s"], s["retries"], s["backoff_s"],
+                          s["backoff_max_s"], s["seed"]) as client:
+        try:
+            n_workers = min(len(pending), s["concurrency"] * len(endpoints))
+            await asyncio.gather(*(worker() for _ in range(n_workers)))
+        finally:
+            await writer.close()
+        return {"requests": sent, "retries": client.retried}
+
+
+def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: dict[str, Any], info: TargetInfo,
+                   journal: Journal, entries: dict[str, dict[str, Any]], progress: Progress) -> dict[str, int]:
+    """Batches are fixed over ALL prompts, so a resumed run computes every batch exactly as an uninterrupted one
+    (padding and batch shape change floating-point results); a batch with nothing pending is skipped."""
+    from draftline.generate.local import LocalBackend
+
+    backend = LocalBackend(info, {k: s[k] for k in SAMPLING_KEYS}, s["enable_thinking"], s["local"])
+    size = backend.batch_size
+    sent = 0
+    for start in range(0, len(ordered), size):
+        batch = ordered[start : start + size]
+        if not any(p.id in pending_ids for p in batch):
+            continue
+        convs = [Conversation(p, s["enable_thinking"]) for p in batch]
+        ended: dict[str, dict[str, Any]] = {}
+        while active := [c for c in convs if c.prompt.id not in ended]:
+            results = backend.generate([(c.next_request(), c.prompt.tools) for c in active])
+            sent += len(active)
+            for c, r in zip(active, results):
+                if (entry := c.take(r)) is not None:
+                    ended[c.prompt.id] = entry
+        new = [ended[p.id] for p in batch if p.id in pending_ids]
+        journal.append_many(new)
+        for e in new:
+            entries[e["id"]] = e
+            progress.done(e)
+    return {"requests": sent, "retries": 0}
+
+
+def run_generate(params: dict[str, Any], prompts_path: str | Path = "data/prompts/train.jsonl",
+                 target_json: str | Path = "data/target/target.json", out_dir: str | Path = "data/completions",
+                 metrics_path: str | Path = "metrics/generate.json", strict: bool = False) -> dict[str, Any]:
+    """Run the stage; returns the metrics it wrote."""
+    t0 = time.monotonic()
+    s = settings(params)
+    skips = Skips(log, strict=strict)
+    prompts = read_prompts(prompts_path, skips)
+    info = TargetInfo.from_dict(json.loads(Path(target_json).read_text(encoding="utf-8")))
+    sampling = {k: s[k] for k in SAMPLING_KEYS}
+    target = {"tokenizer_fingerprint": info.tokenizer_fingerprint,
+              "model_fingerprint": info.model_fingerprint or f"path:{info.path}"}
+    decides = {"target": target, "sampling": sampling, "enable_thinking": bool(s["enable_thinking"]),
+               "backend": s["backend"], **({"local": s["local"]} if s["backend"] == "local" else {})}
+    folder = cache_root() / "generate" / journal_key(decides)
+    journal = Journal(folder)
+    write_json(folder / "key.json", decides)  # what this journal's results depend on, for a human looking
+    entries = journal.load()
+    if journal.torn:
+        log.warning("journal %s: dropped %d torn line(s) from an interrupted run", journal.path, journal.torn)
+    resumed = sum(1 for p in prompts if entries.get(p.id, {}).get("status") == OK)
+    order = dispatch_order([prefix_group(p) for p in prompts])
+    ordered = [prompts[i] for i in order]
+    pending = [p for p in ordered if entries.get(p.id, {}).get("status") != OK]
+    log.info("%d prompts: %d already in the journal %s, %d to generate with %s",
+             len(prompts), resumed, folder, len(pending), s["backend"])
+
+    progress = Progress(len(pending))
+    try:
+        if not pending:
+            stats = {"requests": 0, "retries": 0}
+        elif s["backend"] == "local":
+            stats = generate_local(ordered, {p.id for p in pending}, s, info, journal, entries, progress)
+        else:
+            prior = {p.id: entries[p.id] for p in pending if p.id in entries}
+            model = s["model"] or info.path
+            if s["launch"] is not None:
+                cfg = s["launch"]
+                url = f"http://{cfg['host']}:{cfg['port']}"
+                with Server(sglang_command(info.path, cfg, s["enable_thinking"]), url, folder / "sglang.log",
+                            launch_env(cfg), cfg["health_timeout_s"]):
+                    stats = asyncio.run(generate_remote(pending, prior, s, [url], model, journal, entries, progress))
+            else:
+                stats = asyncio.run(generate_remote(pending, prior, s, s["endpoints"], model, journal, entries,
+                                                    progress))
+    finally:
+        progress.close()
+        journal.close()
+
+    generation = {"backend": s["backend"], **target, "sampling": sampling,
+                  "enable_thinking": bool(s["enable_thinking"])}
+    records, n_failed = write_outputs(out_dir, prompts, entries, generation, s["shard_size"], s["keep_truncated"])
+    run = {"wall_time_s": round(time.monotonic() - t0, 3), "resumed": resumed, "finished": progress.finished,
+           "output_tokens": progress.output_tokens, "skipped_prompts": skips.as_dict(), "journal": str(folder), **stats}
+    metrics = summarize(prompts, entries, records, run)
+    write_json(metrics_path, metrics)
+    log.info("%d completions written to %s, %d failed (see failures.jsonl), %d truncated",
+             len(records), out_dir, n_failed, metrics["truncated"])
+    return metrics

@@ -1,0 +1,67 @@
+"""Shared set-up for the generate tests: a small project folder with prompts and a target description."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from draftline.files import write_json, write_jsonl
+from draftline.records import PromptRecord, TargetInfo
+
+SYSTEMS = ["You are a careful math tutor.", "You are a coding assistant.", None]
+
+
+def make_prompts(n: int, multi_turn: int = 0) -> list[PromptRecord]:
+    """``n`` prompts over three sources and three system prompts (interleaved, so dispatch order differs from
+    prompt order); the first ``multi_turn`` of them have three user turns with the dataset's answers between."""
+    out = []
+    for i in range(n):
+        msgs: list[dict[str, Any]] = []
+        if SYSTEMS[i % 3]:
+            msgs.append({"role": "system", "content": SYSTEMS[i % 3]})
+        msgs.append({"role": "user", "content": f"Question number {i}: what is {i} + {i}?"})
+        if i < multi_turn:
+            msgs += [{"role": "assistant", "content": "dataset answer"}, {"role": "user", "content": f"And {i} * 2?"},
+                     {"role": "assistant", "content": "dataset answer 2"}, {"role": "user", "content": "Thanks!"}]
+        pid = hashlib.sha256(f"prompt-{i}".encode()).hexdigest()[:32]
+        out.append(PromptRecord(id=pid, source=("alpha", "beta", "gamma")[i % 3], row=i, messages=msgs,
+                                tools=None, reference=f"{2 * i}"))
+    return out
+
+
+def target_info(path: str = "/models/fake-qwen3") -> TargetInfo:
+    return TargetInfo(path=path, tokenizer_fingerprint="tok-fp", chat_template_sha256="tpl", eos_token="<|im_end|>",
+                      eos_token_id=151645, pad_token_id=151643, end_of_turn_token="<|im_end|>",
+                      end_of_turn_token_id=151645, think_start_token="<think>", think_end_token="</think>",
+                      mask_token_id=151660, vocab_size=151669, model_fingerprint="model-fp")
+
+
+def make_project(root: Path, prompts: list[PromptRecord], params: dict[str, Any], info: TargetInfo | None = None) -> Path:
+    """A folder laid out as the repository is (data/prompts, data/target, params.yaml)."""
+    write_jsonl(root / "data/prompts/train.jsonl", prompts)
+    write_json(root / "data/target/target.json", (info or target_info()).to_dict())
+    (root / "params.yaml").write_text(yaml.safe_dump({"generate": params}), encoding="utf-8")
+    return root
+
+
+def run_in(root: Path, params: dict[str, Any]) -> dict[str, Any]:
+    from draftline.generate import run_generate
+
+    return run_generate(params, root / "data/prompts/train.jsonl", root / "data/target/target.json",
+                        root / "data/completions", root / "metrics/generate.json")
+
+
+def shard_bytes(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / "data/completions").iterdir())}
+
+
+def read_rows(root: Path) -> list[dict[str, Any]]:
+    import json
+
+    rows = []
+    for p in sorted((root / "data/completions").glob("part-*.jsonl")):
+        rows += [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()]
+    return rows

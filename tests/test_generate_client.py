@@ -1,0 +1,89 @@
+"""The HTTP client against the loopback SGLang stand-in: replies, retries, immediate 4xx failure, load sharing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pytest
+from sglang_server import FakeSGLang, reply_for
+
+from draftline.generate.openai_client import ChatClient, RequestFailed
+
+BODY = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "temperature": 0.0,
+        "chat_template_kwargs": {"enable_thinking": True}}
+
+
+def chat(urls, body=BODY, rid="p1.0", **kw):
+    async def go():
+        async with ChatClient(urls, **{"backoff_s": 0.01, "backoff_max_s": 0.05, **kw}) as c:
+            return await c.chat(body, rid), c.retried
+
+    return asyncio.run(go())
+
+
+def test_reply_parsed_with_reasoning_apart():
+    with FakeSGLang() as srv:
+        r, retried = chat([srv.url])
+    reasoning, answer = reply_for(BODY)
+    assert r.message == {"role": "assistant", "content": answer, "reasoning_content": reasoning + "\n"}
+    assert r.finish_reason == "stop" and retried == 0
+    assert r.usage["completion_tokens"] == len(answer.split()) + len(reasoning.split()) + 1
+
+
+@pytest.mark.parametrize("fault", ["429", "500", "503", "drop", "cut"])
+def test_transient_faults_are_retried_until_success(fault):
+    with FakeSGLang(faults={"p1": [fault, fault, "ok"]}) as srv:
+        r, retried = chat([srv.url], retries=3)
+        assert [q["action"] for q in srv.requests] == [fault, fault, "ok"]
+    assert retried == 2 and r.message["content"] == reply_for(BODY)[1]
+
+
+def test_out_of_retries_fails_with_the_reason():
+    with FakeSGLang(faults={"p1": ["503"] * 5}) as srv:
+        with pytest.raises(RequestFailed) as e:
+            chat([srv.url], retries=2)
+        assert len(srv.requests) == 3
+    assert e.value.reason == "http_503" and "overloaded" in e.value.detail
+
+
+def test_400_fails_at_once():
+    with FakeSGLang(faults={"p1": ["400", "ok"]}) as srv:
+        with pytest.raises(RequestFailed) as e:
+            chat([srv.url], retries=5)
+        assert len(srv.requests) == 1
+    assert e.value.reason == "http_400" and not e.value.retryable
+    assert "context length" in e.value.detail
+
+
+def test_timeout_is_retried():
+    with FakeSGLang(delay_s=0.5) as srv:
+        with pytest.raises(RequestFailed) as e:
+            chat([srv.url], retries=1, timeout_s=0.1)
+        assert len(srv.requests) == 2
+    assert e.value.reason == "timeout"
+
+
+def test_several_endpoints_share_the_load_and_a_dead_one_is_routed_around():
+    async def many(urls, n):
+        async with ChatClient(urls, concurrency=4, backoff_s=0.01, backoff_max_s=0.02) as c:
+            bodies = [{**BODY, "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(n)]
+            return await asyncio.gather(*(c.chat(b, f"p{i}.0") for i, b in enumerate(bodies)))
+
+    with FakeSGLang(delay_s=0.02) as a, FakeSGLang(delay_s=0.02) as b:
+        results = asyncio.run(many([a.url, b.url], 40))
+        assert len(results) == 40
+        # Least-busy dispatch with 4 slots each: both servers carry close to half.
+        assert abs(len(a.requests) - len(b.requests)) <= 4, (len(a.requests), len(b.requests))
+        dead = "http://127.0.0.1:9"  # nothing listens there: connection refused
+        n_before = len(a.requests)
+        results = asyncio.run(many([dead, a.url], 20))
+        assert len(results) == 20 and len(a.requests) - n_before == 20
+
+
+def test_error_body_has_sglang_shape():
+    from sglang_server import error_body
+
+    assert json.loads(error_body(400, "bad")) == {"object": "error", "message": "bad", "type": "BadRequestError",
+                                                  "param": None, "code": 400}
+    # Field order as SGLang's ErrorResponse serialises it.
+    assert list(json.loads(error_body(503, "x"))) == ["object", "message", "type", "param", "code"]
