@@ -1,0 +1,20 @@
+"""DVC stage `evaluate`: python stages/evaluate.py (reads params.yaml: evaluate, generate.enable_thinking).
+
+The prompts are rendered in the thinking mode they were generated in, so the stage reads that one generate key.
+"""
+
+from draftline.drafter.evaluate import EvalParams, run_evaluate
+from draftline.params import load_params
+
+if __name__ == "__main__":
+    p = load_params("evaluate", "generate")
+    if "enable_thinking" not in (p["generate"] or {}):
+        raise SystemExit("params.yaml: generate.enable_thinking is missing; evaluate renders prompts in that mode")
+    run_evaluate(
+        EvalParams.from_params(p["evaluate"] or {}, enable_thinking=bool(p["generate"]["enable_thinking"])),
+        target_json="data/target/target.json",
+        checkpoint="data/checkpoints",
+        prompts_path="data/prompts/eval.jsonl",
+        metrics_path="metrics/eval.json",
+        plot_path="plots/acceptance.csv",
+    )

@@ -1,0 +1,150 @@
+"""The evaluate stage: prompt rendering, selection, metrics, and a whole run on a tiny target with an untrained drafter."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+from draftline.drafter.evaluate import (
+    EvalParams,
+    PromptResult,
+    acceptance_by_position,
+    load_eval_prompts,
+    render_prompt,
+    run_evaluate,
+    summarize,
+)
+from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
+from draftline.drafter.speculative import Generation
+from draftline.logs import get_logger
+from draftline.records import PromptRecord, TargetInfo
+from draftline.skips import Skips
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def prompt(i: int, source: str, text: str, tools=None) -> PromptRecord:
+    return PromptRecord(id=f"{source}-{i}", source=source, row=i, messages=[{"role": "user", "content": text}], tools=tools)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen3_tokenizer_dir):
+    return AutoTokenizer.from_pretrained(qwen3_tokenizer_dir, local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_target_dir(tokenizer, tmp_path_factory):
+    """A random 4-layer Qwen3 with the real Qwen3 tokenizer and chat template, and its target.json."""
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=1024, tie_word_embeddings=True,
+    )
+    d = tmp_path_factory.mktemp("target")
+    Qwen3ForCausalLM(cfg).save_pretrained(d / "model")
+    tokenizer.save_pretrained(d / "model")
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    info = TargetInfo(
+        path=str(d / "model"), tokenizer_fingerprint="test", chat_template_sha256="test", eos_token="<|im_end|>",
+        eos_token_id=eot, pad_token_id=tokenizer.pad_token_id, end_of_turn_token="<|im_end|>", end_of_turn_token_id=eot,
+        think_start_token="<think>", think_end_token="</think>", mask_token_id=151660, vocab_size=len(tokenizer),
+        num_hidden_layers=4, hidden_size=32,
+    )
+    (d / "target.json").write_text(json.dumps(info.to_dict()))
+    drafter = DFlashDrafter(
+        make_config(cfg, num_layers=1, block_size=8, mask_token_id=151660, target_layer_ids=build_target_layer_ids(4, 2))
+    )
+    drafter.save_pretrained(d / "checkpoints")
+    return d
+
+
+def test_render_matches_the_servers_render(tokenizer):
+    rec = prompt(0, "hermes_fc", "What is the weather in Paris?", tools=[WEATHER])
+    for thinking in (False, True):
+        ids = render_prompt(tokenizer, rec, thinking)
+        server = tokenizer.apply_chat_template(
+            rec.messages, tools=rec.tools, add_generation_prompt=True, enable_thinking=thinking, tokenize=False
+        )
+        assert ids == tokenizer(server, add_special_tokens=False)["input_ids"]
+        text = tokenizer.decode(ids)
+        assert "get_weather" in text and text.endswith("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n"))
+
+
+def test_prompt_selection_caps_each_source_and_counts_bad_lines(tmp_path):
+    path = tmp_path / "eval.jsonl"
+    lines = [prompt(i, "a", f"q{i}").to_json() for i in range(4)] + [prompt(0, "b", "b0").to_json()]
+    lines[1:1] = ["{not json", json.dumps({"id": "x", "source": "a", "row": 9, "messages": []})]
+    path.write_text("\n".join(lines) + "\n")
+    skips = Skips(get_logger("test"))
+    recs = load_eval_prompts(path, max_per_source=2, skips=skips)
+    assert [r.id for r in recs] == ["a-0", "a-1", "b-0"]
+    assert skips.as_dict() == {"invalid JSON": 1, "no messages": 1}
+
+
+def fake(source: str, tokens: list[int], accepted: list[int], produced: list[int], drafted: int = 3) -> Generation:
+    return Generation(tokens, "length", 1 + len(produced), [drafted] * len(produced), accepted, produced)
+
+
+def test_metrics_and_acceptance_plot_from_known_steps():
+    # Block 4: prompt 1 had steps accepting 3, 1, 0 drafts; prompt 2 accepted 2, then 3 cut at max_new_tokens.
+    one = fake("a", list(range(8)), accepted=[3, 1, 0], produced=[4, 2, 1])
+    two = fake("b", list(range(6)), accepted=[2, 3], produced=[3, 2])  # step 2 cut from 4 tokens to 2
+    base1 = Generation(list(range(8)), "length", 8)
+    base2 = Generation([9] * 6, "length", 6)  # differs: a lossless failure
+    results = [PromptResult("p1", "a", 5, base1, one), PromptResult("p2", "b", 5, base2, two)]
+    m = summarize(results, 4, Skips(get_logger("test")), EvalParams())
+    assert m["tau"] == round(12 / 5, 4)
+    assert m["tau_per_source"] == {"a": round(7 / 3, 4), "b": 2.5}
+    assert m["lossless"] == 0.5 and m["mismatched_prompts"] == ["p2"]
+    assert m["target_forwards"] == {"with_drafter": 4 + 3, "without_drafter": 14, "saved_fraction": 0.5}
+    rows = acceptance_by_position(results, 4)
+    # accepted per step: 3, 1, 0, 2, 3 -> position 1: 4/5, 2: 3/5 (3 of the 4 that reached it), 3: 2/5 (2 of 3)
+    assert [(r["position"], r["accepted"], r["accept_rate"], r["conditional_rate"]) for r in rows] == [
+        (1, 4, 0.8, 0.8), (2, 3, 0.6, 0.75), (3, 2, 0.4, round(2 / 3, 4))
+    ]
+
+
+def test_evaluate_stage_is_lossless_with_an_untrained_drafter(tiny_target_dir, tmp_path):
+    prompts = tmp_path / "eval.jsonl"
+    recs = [prompt(0, "chat", "Say hello."), prompt(1, "chat", "Name three colours."), prompt(2, "chat", "extra"),
+            prompt(0, "tools", "Weather in Oslo?", tools=[WEATHER]), prompt(1, "long", "word " * 300)]
+    prompts.write_text("".join(r.to_json() + "\n" for r in recs))
+    params = EvalParams(max_new_tokens=12, max_prompts_per_source=2, max_prompt_tokens=200)
+    out = dict(metrics_path=tmp_path / "metrics" / "eval.json", plot_path=tmp_path / "plots" / "acceptance.csv")
+    m = run_evaluate(params, tiny_target_dir / "target.json", tiny_target_dir / "checkpoints", prompts, **out)
+    assert m["lossless"] == 1.0
+    assert m["n_prompts"] == 3 and m["n_prompts_per_source"] == {"chat": 2, "tools": 1}
+    assert m["skipped"] == {"prompt longer than max_prompt_tokens": 1}
+    fw = m["target_forwards"]
+    assert fw["with_drafter"] == 3 + m["verification_steps"]
+    assert fw["without_drafter"] == m["generated_tokens"] == 3 * 12  # a random target never says <|im_end|> this soon
+    assert m["tau"] == round((m["generated_tokens"] - 3) / m["verification_steps"], 4) >= 1.0
+    assert json.loads(out["metrics_path"].read_text()) == m
+    with open(out["plot_path"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["position"]) for r in rows] == list(range(1, 8))
+    assert all(int(r["steps"]) == m["verification_steps"] for r in rows)
+    first = out["metrics_path"].read_bytes(), out["plot_path"].read_bytes()
+    run_evaluate(params, tiny_target_dir / "target.json", tiny_target_dir / "checkpoints", prompts, **out)
+    assert (out["metrics_path"].read_bytes(), out["plot_path"].read_bytes()) == first
+
+
+def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path):
+    with pytest.raises(KeyError, match="max_new_token"):
+        EvalParams.from_params({"max_new_token": 5}, enable_thinking=False)
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
+    with pytest.raises(FileNotFoundError, match="run the train stage"):
+        run_evaluate(EvalParams(), tiny_target_dir / "target.json", tmp_path / "none", prompts,
+                     tmp_path / "m.json", tmp_path / "p.csv")
