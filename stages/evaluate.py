@@ -12,7 +12,7 @@ if __name__ == "__main__":
         raise SystemExit("params.yaml: generate.enable_thinking is missing; evaluate renders prompts in that mode")
     run_evaluate(
         EvalParams.from_params(p["evaluate"] or {}, enable_thinking=bool(p["generate"]["enable_thinking"])),
-        target_json="data/target/target.json",
+        target_dir="data/target",
         checkpoint="data/checkpoints",
         prompts_path="data/prompts/eval.jsonl",
         metrics_path="metrics/eval.json",

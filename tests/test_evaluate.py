@@ -21,8 +21,9 @@ from draftline.drafter.evaluate import (
 from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
 from draftline.drafter.speculative import Generation
 from draftline.logs import get_logger
-from draftline.records import PromptRecord, TargetInfo
+from draftline.records import PromptRecord
 from draftline.skips import Skips
+from draftline.target import describe_target
 
 WEATHER = {
     "type": "function",
@@ -54,16 +55,11 @@ def tiny_target_dir(tokenizer, tmp_path_factory):
     d = tmp_path_factory.mktemp("target")
     Qwen3ForCausalLM(cfg).save_pretrained(d / "model")
     tokenizer.save_pretrained(d / "model")
-    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    info = TargetInfo(
-        path=str(d / "model"), tokenizer_fingerprint="test", chat_template_sha256="test", eos_token="<|im_end|>",
-        eos_token_id=eot, pad_token_id=tokenizer.pad_token_id, end_of_turn_token="<|im_end|>", end_of_turn_token_id=eot,
-        think_start_token="<think>", think_end_token="</think>", mask_token_id=151660, vocab_size=len(tokenizer),
-        num_hidden_layers=4, hidden_size=32,
-    )
+    info = describe_target(d / "model", hash_weights=False)
+    info.path = "model"  # relative, as the target stage writes it: load_target resolves it against the folder
     (d / "target.json").write_text(json.dumps(info.to_dict()))
     drafter = DFlashDrafter(
-        make_config(cfg, num_layers=1, block_size=8, mask_token_id=151660, target_layer_ids=build_target_layer_ids(4, 2))
+        make_config(cfg, num_layers=1, block_size=8, mask_token_id=info.mask_token_id, target_layer_ids=build_target_layer_ids(4, 2))
     )
     drafter.save_pretrained(d / "checkpoints")
     return d
@@ -122,7 +118,7 @@ def test_evaluate_stage_is_lossless_with_an_untrained_drafter(tiny_target_dir, t
     prompts.write_text("".join(r.to_json() + "\n" for r in recs))
     params = EvalParams(max_new_tokens=12, max_prompts_per_source=2, max_prompt_tokens=200)
     out = dict(metrics_path=tmp_path / "metrics" / "eval.json", plot_path=tmp_path / "plots" / "acceptance.csv")
-    m = run_evaluate(params, tiny_target_dir / "target.json", tiny_target_dir / "checkpoints", prompts, **out)
+    m = run_evaluate(params, tiny_target_dir, tiny_target_dir / "checkpoints", prompts, **out)
     assert m["lossless"] == 1.0
     assert m["n_prompts"] == 3 and m["n_prompts_per_source"] == {"chat": 2, "tools": 1}
     assert m["skipped"] == {"prompt longer than max_prompt_tokens": 1}
@@ -136,7 +132,7 @@ def test_evaluate_stage_is_lossless_with_an_untrained_drafter(tiny_target_dir, t
     assert [int(r["position"]) for r in rows] == list(range(1, 8))
     assert all(int(r["steps"]) == m["verification_steps"] for r in rows)
     first = out["metrics_path"].read_bytes(), out["plot_path"].read_bytes()
-    run_evaluate(params, tiny_target_dir / "target.json", tiny_target_dir / "checkpoints", prompts, **out)
+    run_evaluate(params, tiny_target_dir, tiny_target_dir / "checkpoints", prompts, **out)
     assert (out["metrics_path"].read_bytes(), out["plot_path"].read_bytes()) == first
 
 
@@ -146,5 +142,5 @@ def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path)
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
     with pytest.raises(FileNotFoundError, match="run the train stage"):
-        run_evaluate(EvalParams(), tiny_target_dir / "target.json", tmp_path / "none", prompts,
+        run_evaluate(EvalParams(), tiny_target_dir, tmp_path / "none", prompts,
                      tmp_path / "m.json", tmp_path / "p.csv")

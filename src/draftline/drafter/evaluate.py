@@ -8,7 +8,6 @@ Training accuracy says little: a render or thinking-mode mismatch keeps it high 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter, defaultdict
@@ -18,14 +17,16 @@ from typing import Any
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftline.drafter.model import DFlashDrafter
 from draftline.drafter.speculative import DFlashProposer, Generation, Proposer, greedy_generate, speculative_generate
 from draftline.files import iter_jsonl, write_csv, write_json
+from draftline.generate.local import render_prompt as render_chat_prompt
 from draftline.logs import get_logger
 from draftline.records import PromptRecord, TargetInfo
 from draftline.skips import Skips
+from draftline.target import load_model, load_target, load_tokenizer
 
 log = get_logger(__name__)
 
@@ -90,18 +91,12 @@ def load_eval_prompts(path: str | os.PathLike, max_per_source: int, skips: Skips
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, record: PromptRecord, enable_thinking: bool) -> list[int]:
-    """The prompt's token ids as the target's server sees them: its own chat template, same tools, same thinking mode.
+    """The prompt's token ids as the target saw them in generation: the generate stage's own render function.
 
-    Rendered to text and then tokenized without special tokens, which is what ``apply_chat_template(tokenize=True)``
-    and SGLang do; a different render here is the first suspect when tau is low.
+    The text is tokenized without special tokens, as ``apply_chat_template(tokenize=True)`` and SGLang do; a
+    different render here is the first suspect when tau is low.
     """
-    text = tokenizer.apply_chat_template(
-        record.messages,
-        tools=record.tools or None,
-        add_generation_prompt=True,
-        enable_thinking=enable_thinking,
-        tokenize=False,
-    )
+    text = render_chat_prompt(tokenizer, record.messages, record.tools, enable_thinking)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -226,10 +221,8 @@ def load_models(
     if not (checkpoint / "config.json").is_file():
         raise FileNotFoundError(f"no drafter in {checkpoint} (config.json missing): run the train stage first")
     device = resolve_device(params.device)
-    target = AutoModelForCausalLM.from_pretrained(
-        info.path, local_files_only=True, dtype="auto" if params.dtype == "auto" else _DTYPES[params.dtype]
-    ).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(info.path, local_files_only=True)
+    target = load_model(info, dtype="auto" if params.dtype == "auto" else _DTYPES[params.dtype], device=device)
+    tokenizer = load_tokenizer(info)
     drafter = DFlashDrafter.from_pretrained(checkpoint, target).to(target.dtype)
     n_target = target.config.get_text_config().num_hidden_layers
     if int(getattr(drafter.config, "num_target_layers", n_target)) != n_target:
@@ -245,7 +238,7 @@ def load_models(
 
 def run_evaluate(
     params: EvalParams,
-    target_json: str | os.PathLike,
+    target_dir: str | os.PathLike,
     checkpoint: str | os.PathLike,
     prompts_path: str | os.PathLike,
     metrics_path: str | os.PathLike,
@@ -256,7 +249,7 @@ def run_evaluate(
     Fails (after writing both, so they can be read) when an output differs from target-only greedy decoding and
     ``require_lossless`` is set: that is a bug in verification, or, in bf16, numerics flipping a near-tie.
     """
-    info = TargetInfo.from_dict(json.loads(Path(target_json).read_text(encoding="utf-8")))
+    info = load_target(target_dir)
     skips = Skips(log, strict=params.strict)
     records = load_eval_prompts(prompts_path, params.max_prompts_per_source, skips)
     if not records:
