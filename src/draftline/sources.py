@@ -203,21 +203,20 @@ def _read_json_rows(files: list[Path], spec: SourceSpec, skips: Skips) -> _Loade
     broken: list[dict[str, Any]] = []
     read = 0
     with tqdm(desc=f"sources@{spec.name}", unit="rows", mininterval=2) as bar:
-        for file in files:
-            for where, row, error in _iter_json_file(file):
-                if spec.max_rows is not None and len(rows) >= spec.max_rows:
-                    break
-                read += 1
-                bar.update()
-                if error is None and not isinstance(row, dict):
-                    error = f"row is a JSON {type(row).__name__}, not an object"
-                if error is not None:
-                    reason = "invalid JSON" if error.startswith("invalid JSON") else "not an object"
-                    skips.add(reason, where, error)
-                    if len(broken) < MAX_REPORTED_BROKEN:
-                        broken.append({"where": where, "error": error})
-                    continue
-                rows.append(row)
+        for where, row, error in (r for file in files for r in _iter_json_file(file)):
+            if spec.max_rows is not None and len(rows) >= spec.max_rows:
+                break
+            read += 1
+            bar.update()
+            if error is None and not isinstance(row, dict):
+                error = f"row is a JSON {type(row).__name__}, not an object"
+            if error is not None:
+                reason = "invalid JSON" if error.startswith("invalid JSON") else "not an object"
+                skips.add(reason, where, error.removeprefix("invalid JSON: "))
+                if len(broken) < MAX_REPORTED_BROKEN:
+                    broken.append({"where": where, "error": error})
+                continue
+            rows.append(row)
     return _Loaded(rows_to_table(rows), [str(f) for f in files], read, broken)
 
 
