@@ -1,6 +1,6 @@
 """Make the embedded sample sources: one JSONL file per dataset, in that dataset's real schema.
 
-    python data/samples/make_samples.py          # rewrites data/samples/*.jsonl and quirks.json
+    python data/samples/make_samples.py [--out DIR]   # rewrites data/samples/*.jsonl and quirks.json
 
 Seeded and deterministic: running it twice gives identical bytes. Answers come from small templates with slots
 (numbers, names, cities, functions), so a ~10M-parameter target trained for minutes on a CPU can learn them, and a
@@ -11,6 +11,7 @@ Standard library only, so it runs before anything is installed.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import random
@@ -508,14 +509,14 @@ class Sample:
             value = json.loads(json.dumps(src.value))
             self.insert(rng, Row(mutate(value) if mutate else value, quirk, src))
 
-    def write(self, name: str) -> tuple[int, dict[str, list]]:
+    def write(self, out: Path, name: str) -> tuple[int, dict[str, list]]:
         lines, quirks = [], {}
         where = {id(r): i for i, r in enumerate(self.rows, 1)}
         for i, r in enumerate(self.rows, 1):
             lines.append(r.value if r.raw else json.dumps(r.value, ensure_ascii=False))
             if r.quirk:
                 quirks.setdefault(r.quirk, []).append([i, where[id(r.of)]] if r.of else i)
-        (HERE / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (out / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
         return len(lines), quirks
 
 
@@ -628,7 +629,8 @@ def make_codefeedback(rng: random.Random) -> Sample:
     s.duplicate(rng, 4, whitespace_variant(lambda v: v, "query"), "whitespace_duplicate")
 
     def near(v):
-        v["query"] = v["query"].replace("Write a", "Please write a", 1).replace("I need", "We need", 1)
+        q = v["query"]
+        v["query"] = "We need" + q[len("I need"):] if q.startswith("I need") else "Please " + q[0].lower() + q[1:]
         return v
     s.duplicate(rng, 5, near, "near_duplicate")
     s.insert(rng, Row({"query": "Write a Python function that reverses a string.", "answer": "", "resource": "evolinstruct",
@@ -898,14 +900,17 @@ MAKERS = {
 }
 
 
-def main() -> None:
+def main(out: Path = HERE) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     manifest = {}
     for i, (name, make) in enumerate(MAKERS.items()):
-        rows, quirks = make(random.Random(SEED + i)).write(name)
+        rows, quirks = make(random.Random(SEED + i)).write(out, name)
         manifest[name] = {"rows": rows, "quirks": dict(sorted(quirks.items()))}
-        print(f"{name}: {rows} lines, {(HERE / f'{name}.jsonl').stat().st_size / 1e6:.2f} MB")
-    (HERE / "quirks.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        print(f"{name}: {rows} lines, {(out / f'{name}.jsonl').stat().st_size / 1e6:.2f} MB")
+    (out / "quirks.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=HERE, help="folder to write into (default: beside this script)")
+    main(parser.parse_args().out)
