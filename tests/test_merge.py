@@ -1,0 +1,345 @@
+"""The merge stage on small real datasets: carried shards, overlap, guards, order, stats.
+
+Rows are made by really tokenizing chat-like texts (with a small BPE tokenizer trained here, or the real Qwen3
+tokenizer from ../shared), so the re-encode guard sees genuine token ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from draftline import dataset_format as fmt
+from draftline.fingerprint import tokenizer_fingerprint, template_sha256
+from draftline.merge import ORDER_FILE, MergeParams, load_training_set, run_merge
+from draftline.merge_guards import PROMPT_KEY_PREFIX, MergeGuardError
+from draftline.records import TargetInfo
+
+WORDS = (
+    "the drafter learns what the target says next token block anchor mask loss merge shard arrow "
+    "prompt answer reason think tool call result python code math sum prove river stone cloud light "
+    "quick brown fox jumps over lazy dog seven eleven forty data version cache remote"
+).split()
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+
+
+def train_tokenizer(folder: Path, vocab_size: int = 400, seed: int = 0) -> Path:
+    """A byte-level BPE tokenizer trained here: ids unrelated to Qwen3's, decode/encode lossless."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(seed)
+    corpus = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(300)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = TEMPLATE
+    fast.save_pretrained(folder)
+    return folder
+
+
+def write_target(path: Path, tok_dir: Path) -> TargetInfo:
+    """A data/target/target.json for a tokenizer folder, fingerprinted as the target stage does."""
+    tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    info = TargetInfo(
+        path=str(tok_dir),
+        tokenizer_fingerprint=tokenizer_fingerprint(tok_dir, tok.chat_template),
+        chat_template_sha256=template_sha256(tok.chat_template),
+        eos_token="<|im_end|>",
+        eos_token_id=eot,
+        pad_token_id=tok.pad_token_id,
+        end_of_turn_token="<|im_end|>",
+        end_of_turn_token_id=eot,
+        think_start_token=None,
+        think_end_token=None,
+        mask_token_id=len(tok) - 1,
+        vocab_size=len(tok),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info.to_dict()), encoding="utf-8")
+    return info
+
+
+def make_rows(tok_dir: Path, ids: list[str], seed: int, source: str = "s", words: int = 12) -> pa.Table:
+    """Tokenized chat rows: the reply (after the generation prompt) is the supervised part.
+
+    A row's prompt depends on its id alone, its reply on ``seed`` too: like a prompt answered again."""
+    tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    offsets, input_ids, mask = [0], [], []
+    for row_id in ids:
+        rng = random.Random(f"prompt {row_id}")
+        q = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, words)))
+        rng = random.Random(f"reply {seed} {row_id}")
+        a = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, words)))
+        prompt = f"<|im_start|>user\n{row_id} {q}<|im_end|>\n<|im_start|>assistant\n"
+        enc = tok(prompt + a + "<|im_end|>\n", add_special_tokens=False, return_offsets_mapping=True)
+        input_ids += enc["input_ids"]
+        mask += [start >= len(prompt) for start, _ in enc["offset_mapping"]]
+        offsets.append(len(input_ids))
+    return fmt.build_table(ids, [source] * len(ids), np.array(offsets), np.array(input_ids), np.array(mask))
+
+
+def write_tokenized(folder: Path, table: pa.Table, info: TargetInfo, max_shard_bytes: int = 4000) -> fmt.DatasetMeta:
+    meta = fmt.DatasetMeta(
+        tokenizer_fingerprint=info.tokenizer_fingerprint,
+        chat_template_sha256=info.chat_template_sha256,
+        enable_thinking=False,
+        max_len=256,
+        mask_token_id=info.mask_token_id,
+        end_of_turn_token_id=info.end_of_turn_token_id,
+    )
+    return fmt.write_dataset(folder, [table], meta, max_shard_bytes=max_shard_bytes)
+
+
+def write_legacy(folder: Path, table: pa.Table, with_ids: bool = False, **extra: list) -> None:
+    """A legacy folder as older pipelines saved it: int64 ids, int64 mask, no draftline.json."""
+    cols = {
+        "input_ids": [[int(x) for x in r] for r in table.column("input_ids").to_pylist()],
+        "loss_mask": [[int(x) for x in r] for r in table.column("loss_mask").to_pylist()],
+        **extra,
+    }
+    if with_ids:
+        cols["id"] = table.column("id").to_pylist()
+    save_int64(folder, cols)
+
+
+def save_int64(folder: Path, cols: dict) -> None:
+    """save_to_disk with 64-bit token columns (datasets would infer int32 for a column named input_ids)."""
+    features = datasets.Dataset.from_dict(cols).features
+    for name in ("input_ids", "loss_mask"):
+        if features[name].feature.dtype.startswith("int"):
+            features[name] = datasets.List(datasets.Value("int64"))
+    datasets.Dataset.from_dict(cols, features=features).save_to_disk(str(folder))
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def world(tmp_path: Path, tok_dir: Path):
+    """A project layout: target.json, a draftline base of 40 rows and 30 new rows of which 5 repeat base ids."""
+    info = write_target(tmp_path / "data/target/target.json", tok_dir)
+    base_rows = make_rows(tok_dir, [f"b{i}" for i in range(40)], seed=1, source="old")
+    new_ids = [f"b{i}" for i in range(5)] + [f"n{i}" for i in range(25)]
+    new_rows = make_rows(tok_dir, new_ids, seed=2, source="fresh")
+    write_tokenized(tmp_path / "data/bases/r1", base_rows, info)
+    write_tokenized(tmp_path / "data/tokenized", new_rows, info)
+    return tmp_path, info, base_rows, new_rows
+
+
+def merge(root: Path, **params) -> dict:
+    return run_merge(
+        MergeParams.from_params(params),
+        tokenized_dir=root / "data/tokenized",
+        target_dir=root / "data/target",
+        out_dir=root / "data/merged",
+        metrics_path=root / "metrics/merge.json",
+    )
+
+
+def test_no_base_carries_the_new_data_as_is(world):
+    root, _, _, new_rows = world
+    m = merge(root)
+    src, out = root / "data/tokenized", root / "data/merged"
+    assert [file_hashes(src)[f] for f in fmt.shard_files(src)] == [file_hashes(out)[f] for f in fmt.shard_files(out)]
+    ds, order = load_training_set(out)
+    assert ds["id"] == new_rows.column("id").to_pylist()
+    assert sorted(order.tolist()) == list(range(30)) and order.dtype == np.int64
+    assert m["base"] is None and m["overlap"]["dropped"] == 0 and m["merged"]["samples"] == 30
+
+
+def test_base_shards_carried_byte_identical_then_new_rows_minus_overlap(world):
+    root, _, base_rows, new_rows = world
+    base_dir = root / "data/bases/r1"
+    assert len(fmt.shard_files(base_dir)) > 1  # several shards, so order across shards is exercised
+    m = merge(root, base=str(base_dir))
+    out = root / "data/merged"
+    base_h, out_h = file_hashes(base_dir), file_hashes(out)
+    base_files, out_files = fmt.shard_files(base_dir), fmt.shard_files(out)
+    assert [out_h[f] for f in out_files[: len(base_files)]] == [base_h[f] for f in base_files]
+    ds, order = load_training_set(out)
+    want_ids = base_rows.column("id").to_pylist() + [f"n{i}" for i in range(25)]
+    assert ds["id"] == want_ids
+    assert ds[40]["input_ids"] == new_rows.column("input_ids")[5].as_py()  # new rows kept intact
+    assert m["overlap"] == {"new_rows": 30, "dropped": 5, "dropped_by_id": 5, "dropped_by_prompt_tokens": 0, "kept": 25}
+    assert m["base_shards_carried"] == len(base_files)
+    assert m["guards"]["tokenizer_claim"] == "draftline.json"
+    assert m["guards"]["reencode"] == {"checked": 40, "matched": 40}
+    meta = fmt.read_meta(out)
+    assert meta.num_rows == 65 and meta.num_tokens == sum(len(x) for x in ds["input_ids"])
+    assert sorted(order.tolist()) == list(range(65))
+
+
+def test_stats_match_the_rows(world):
+    root, _, base_rows, new_rows = world
+    m = merge(root, base=str(root / "data/bases/r1"))
+    base_n = base_rows.column("num_tokens").to_numpy()
+    kept_n = new_rows.column("num_tokens").to_numpy()[5:]
+    all_n = np.concatenate([base_n, kept_n])
+    assert m["base"]["samples"] == 40 and m["base"]["total_tokens"] == int(base_n.sum())
+    assert m["merged"]["total_tokens"] == int(all_n.sum())
+    assert m["merged"]["p90_len"] == pytest.approx(float(np.percentile(all_n, 90)))
+    loss = int(base_rows.column("num_loss_tokens").to_numpy().sum() + new_rows.column("num_loss_tokens").to_numpy()[5:].sum())
+    assert m["merged"]["loss_coverage"] == pytest.approx(loss / all_n.sum(), abs=1e-6)
+    mix = m["merged"]["by_source"]
+    assert set(mix) == {"old", "fresh"} and mix["old"]["samples"] == 40 and mix["fresh"]["samples"] == 25
+    assert mix["old"]["share_rows"] == pytest.approx(40 / 65, abs=1e-6)
+    assert mix["fresh"]["share_tokens"] == pytest.approx(kept_n.sum() / all_n.sum(), abs=1e-6)
+    assert json.loads((root / "metrics/merge.json").read_text()) == json.loads(json.dumps(m))
+
+
+def test_deterministic_and_seeded(world):
+    root, *_ = world
+    merge(root, base=str(root / "data/bases/r1"), seed=3)
+    first = file_hashes(root / "data/merged")
+    merge(root, base=str(root / "data/bases/r1"), seed=3)
+    assert file_hashes(root / "data/merged") == first
+    merge(root, base=str(root / "data/bases/r1"), seed=4)
+    again = file_hashes(root / "data/merged")
+    assert again[ORDER_FILE] != first[ORDER_FILE]
+    assert {k: v for k, v in again.items() if k != ORDER_FILE} == {k: v for k, v in first.items() if k != ORDER_FILE}
+
+
+def test_base_with_another_fingerprint_is_refused_before_writing(world, tmp_path_factory):
+    root, info, base_rows, _ = world
+    other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380)
+    other = write_target(tmp_path_factory.mktemp("t") / "target.json", other_dir)
+    write_tokenized(root / "data/bases/alien", make_rows(other_dir, ["a0", "a1"], seed=5), other)
+    merge(root)  # a previous good output must survive a refused merge
+    before = file_hashes(root / "data/merged")
+    with pytest.raises(MergeGuardError, match="tokenizer_fingerprint"):
+        merge(root, base=str(root / "data/bases/alien"))
+    assert file_hashes(root / "data/merged") == before
+
+
+def test_legacy_base_needs_a_claim_then_is_cast_and_matched_on_prompt_tokens(world, tok_dir):
+    root, info, base_rows, new_rows = world
+    legacy = root / "data/bases/legacy"
+    write_legacy(legacy, base_rows)
+    with pytest.raises(MergeGuardError, match="no draftline.json"):
+        merge(root, base=str(legacy))
+    assert not (root / "data/merged").exists()
+    m = merge(root, base=str(legacy), assume_same_tokenizer=True)
+    assert m["guards"]["base_kind"] == "legacy" and m["guards"]["tokenizer_claim"] == "assumed"
+    assert set(m["guards"]["casts"]) == {"input_ids", "loss_mask"}
+    assert m["guards"]["derived_columns"] == ["id", "source", "num_tokens", "num_loss_tokens"]
+    # The 5 new rows that repeat base prompts are found by their prompt tokens (legacy rows have no ids).
+    assert m["overlap"]["dropped_by_prompt_tokens"] == 5 and m["overlap"]["dropped_by_id"] == 0
+    ds, _ = load_training_set(root / "data/merged")
+    assert ds.features == fmt.FEATURES
+    assert ds["input_ids"][:40] == base_rows.column("input_ids").to_pylist()
+    assert ds["loss_mask"][:40] == base_rows.column("loss_mask").to_pylist()
+    assert all(i.startswith(PROMPT_KEY_PREFIX) for i in ds["id"][:40]) and set(ds["source"][:40]) == {"legacy"}
+
+    # Next round: the merged set is the base; rows that came from the legacy base are still matched by prompt.
+    round2 = root / "data/bases/r2"
+    (root / "data/merged").rename(round2)
+    fresh = make_rows(tok_dir, ["z0"], seed=9, source="fresh")
+    # These two repeat legacy prompts under new ids: only their prompt tokens can tell.
+    repeat = new_rows.slice(0, 2).set_column(0, "id", pa.array(["x0", "x1"]))
+    write_tokenized(root / "data/tokenized", pa.concat_tables([fresh, repeat]), info)
+    m2 = merge(root, base=str(round2))
+    assert m2["overlap"]["dropped_by_prompt_tokens"] == 2 and m2["overlap"]["kept"] == 1
+    assert m2["base_shards_carried"] > 0
+
+
+def test_legacy_base_made_with_another_tokenizer_is_caught(world, tmp_path_factory):
+    root, _, _, _ = world
+    other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380, seed=7)
+    legacy = root / "data/bases/legacy"
+    write_legacy(legacy, make_rows(other_dir, [f"o{i}" for i in range(20)], seed=3))
+    with pytest.raises(MergeGuardError, match="fingerprint"):
+        merge(root, base=str(legacy), base_tokenizer=str(other_dir))
+    # A wrong claim: the re-encode check finds that the target's tokenizer does not give these ids back.
+    with pytest.raises(MergeGuardError, match="re-encode"):
+        merge(root, base=str(legacy), assume_same_tokenizer=True)
+    assert not (root / "data/merged").exists()
+
+
+def test_legacy_base_with_its_tokenizer_named(world, tok_dir):
+    root, _, base_rows, _ = world
+    legacy = root / "data/bases/legacy"
+    write_legacy(legacy, base_rows, with_ids=True)
+    m = merge(root, base=str(legacy), base_tokenizer=str(tok_dir))
+    assert m["guards"]["tokenizer_claim"] == "base_tokenizer"
+    assert m["overlap"]["dropped_by_id"] == 5  # it has ids: the same rows are found by id first
+    ds, _ = load_training_set(root / "data/merged")
+    assert ds["id"][:40] == base_rows.column("id").to_pylist()
+
+
+@pytest.mark.parametrize(
+    "column, values, match",
+    [
+        ("attention_mask", "ones", "attention_mask"),
+        ("labels", "ids_float", "labels"),
+        ("loss_mask", "twos", "loss_mask"),
+        ("input_ids", "huge", "input_ids"),
+        ("num_tokens", "wrong", "num_tokens"),
+    ],
+)
+def test_unsafe_columns_are_refused_naming_the_column(world, column, values, match):
+    root, _, base_rows, _ = world
+    legacy = root / "data/bases/legacy"
+    n = base_rows.num_rows
+    lengths = base_rows.column("num_tokens").to_pylist()
+    ids = [[int(x) for x in r] for r in base_rows.column("input_ids").to_pylist()]
+    mask = [[int(x) for x in r] for r in base_rows.column("loss_mask").to_pylist()]
+    cols: dict = {"input_ids": ids, "loss_mask": mask}
+    if values == "ones":
+        cols[column] = [[1] * k for k in lengths]
+    elif values == "ids_float":
+        cols[column] = [[float(x) for x in r] for r in ids]
+    elif values == "twos":
+        cols["loss_mask"] = [[2 * x for x in r] for r in mask]
+    elif values == "huge":
+        cols["input_ids"] = [r[:-1] + [2**40] for r in ids]
+    elif values == "wrong":
+        cols["num_tokens"] = [k + 1 for k in lengths]
+    save_int64(legacy, cols)
+    assert len(cols["input_ids"]) == n
+    with pytest.raises(MergeGuardError, match=match):
+        merge(root, base=str(legacy), assume_same_tokenizer=True)
+    if values == "ones":  # named in merge.drop_columns, the column is dropped instead
+        m = merge(root, base=str(legacy), assume_same_tokenizer=True, drop_columns=["attention_mask"])
+        assert m["guards"]["dropped_columns"] == ["attention_mask"] and m["merged"]["samples"] == 65
+
+
+def test_unknown_param_is_an_error():
+    with pytest.raises(ValueError, match="unknown key"):
+        MergeParams.from_params({"bse": "x"})
+
+
+def test_real_qwen3_tokenizer_guard(tmp_path, qwen3_tokenizer_dir, tok_dir):
+    """Rows made by the real Qwen3 tokenizer pass its re-encode check; rows of another tokenizer claimed as
+    Qwen3's (a legacy base with assume_same_tokenizer) are refused."""
+    info = write_target(tmp_path / "data/target/target.json", qwen3_tokenizer_dir)
+    write_tokenized(tmp_path / "data/tokenized", make_rows(qwen3_tokenizer_dir, ["n0", "n1"], seed=2), info)
+    good = tmp_path / "data/bases/good"
+    write_legacy(good, make_rows(qwen3_tokenizer_dir, [f"g{i}" for i in range(30)], seed=4, words=40))
+    m = merge(tmp_path, base=str(good), base_tokenizer=str(qwen3_tokenizer_dir))
+    assert m["guards"]["reencode"] == {"checked": 30, "matched": 30}
+    bad = tmp_path / "data/bases/bad"
+    write_legacy(bad, make_rows(tok_dir, [f"x{i}" for i in range(30)], seed=4, words=40))
+    with pytest.raises(MergeGuardError, match="re-encode"):
+        merge(tmp_path, base=str(bad), assume_same_tokenizer=True)
