@@ -22,17 +22,17 @@ _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _SHINGLE_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-def survivor_order(sources: Sequence[str], ids: Sequence[str], priority: Sequence[str]) -> list[int]:
-    """Indices in the order in which copies claim survival: ``dedup.priority`` of the source, then lowest id."""
+def survivor_order(sources: Sequence[str], ids: Sequence[str], rows: Sequence[int], priority: Sequence[str]) -> list[int]:
+    """Indices in the order in which copies claim survival: ``dedup.priority`` of the source, lowest id, lowest row."""
     rank = {name: i for i, name in enumerate(priority)}
-    return sorted(range(len(ids)), key=lambda i: (rank.get(sources[i], len(rank)), ids[i]))
+    return sorted(range(len(ids)), key=lambda i: (rank.get(sources[i], len(rank)), ids[i], rows[i]))
 
 
-def exact_duplicates(sources: Sequence[str], ids: Sequence[str], priority: Sequence[str]) -> list[int]:
+def exact_duplicates(sources: Sequence[str], ids: Sequence[str], rows: Sequence[int], priority: Sequence[str]) -> list[int]:
     """Indices of records whose id an earlier-claiming record already has (the first in priority order stays)."""
     seen: set[str] = set()
     dropped = []
-    for i in survivor_order(sources, ids, priority):
+    for i in survivor_order(sources, ids, rows, priority):
         if ids[i] in seen:
             dropped.append(i)
         else:

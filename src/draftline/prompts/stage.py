@@ -92,7 +92,7 @@ def deduplicate(
     priority = listed + [s for s in source_order if s not in listed]
     names = [r.source for r in records]
     ids = [r.id for r in records]
-    gone = set(exact_duplicates(names, ids, priority))
+    gone = set(exact_duplicates(names, ids, [r.row for r in records], priority))
     for i in gone:
         reports[names[i]].exact_duplicates += 1
     kept = [r for i, r in enumerate(records) if i not in gone]
@@ -113,7 +113,7 @@ def deduplicate(
         shingles.append(hasher.shingles(text, normalize_numbers=r.source not in exact_numbers))
         keys.append(number_key(text) if r.source in exact_numbers else b"")
     sigs = hasher.signatures(shingles)
-    order = survivor_order([r.source for r in kept], [r.id for r in kept], priority)
+    order = survivor_order([r.source for r in kept], [r.id for r in kept], [r.row for r in kept], priority)
     dup_of = near_duplicates(sigs, [len(s) > 0 for s in shingles], keys, order, params.threshold)
     for i in dup_of:
         reports[kept[i].source].near_duplicates += 1

@@ -108,6 +108,8 @@ def normalize_tool(spec: Any) -> Tool:
     params = _repair_types(_jsonable(params, f"tool {name!r} parameters"))
     if not isinstance(params, dict) or params.get("type", "object") != "object":
         raise ToolError(f"tool {name!r}: parameters must be a JSON-Schema object")
+    if "type" not in params:
+        params = {"type": "object", **params}  # OpenAI requires it; an untyped schema with properties means it
     try:
         validator_for(params).check_schema(params)
     except SchemaError as e:
