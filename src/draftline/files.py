@@ -81,7 +81,7 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any, str | None]]
             try:
                 yield lineno, json.loads(line), None
             except json.JSONDecodeError as e:
-                yield lineno, None, f"invalid JSON: {e.msg} at column {e.colno}"
+                yield lineno, None, f"invalid JSON ({e.msg}, column {e.colno})"
 
 
 def write_csv(path: str | os.PathLike, rows: list[dict[str, Any]], columns: list[str] | None = None) -> None:

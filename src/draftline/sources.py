@@ -212,7 +212,7 @@ def _read_json_rows(files: list[Path], spec: SourceSpec, skips: Skips) -> _Loade
                 error = f"row is a JSON {type(row).__name__}, not an object"
             if error is not None:
                 reason = "invalid JSON" if error.startswith("invalid JSON") else "not an object"
-                skips.add(reason, where, error.removeprefix("invalid JSON: "))
+                skips.add(reason, where, error)
                 if len(broken) < MAX_REPORTED_BROKEN:
                     broken.append({"where": where, "error": error})
                 continue
