@@ -50,7 +50,7 @@ def make_project(root: Path, prompts: list[PromptRecord], params: dict[str, Any]
 def run_in(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     from draftline.generate import run_generate
 
-    return run_generate(params, root / "data/prompts/train.jsonl", root / "data/target/target.json",
+    return run_generate(params, root / "data/prompts/train.jsonl", root / "data/target",
                         root / "data/completions", root / "metrics/generate.json")
 
 

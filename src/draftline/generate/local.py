@@ -38,18 +38,6 @@ def split_reasoning(text: str, think_start: str, think_end: str, in_reasoning: b
     return reasoning, content.strip()
 
 
-def _load(info: TargetInfo):
-    try:  # the target stage's loaders, where they exist, know the embedded target's quirks
-        from draftline.target import load_model, load_tokenizer  # type: ignore[attr-defined]
-
-        return load_tokenizer(info), load_model(info)
-    except ImportError:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        return (AutoTokenizer.from_pretrained(info.path, local_files_only=True),
-                AutoModelForCausalLM.from_pretrained(info.path, local_files_only=True))
-
-
 class LocalBackend:
     """Generates replies for batches of ``(messages, tools)`` with the sampling params of the run."""
 
@@ -66,9 +54,11 @@ class LocalBackend:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.tokenizer, model = _load(info)
-        dtype = getattr(torch, cfg["dtype"]) if cfg["dtype"] != "auto" else None
-        self.model = (model.to(dtype=dtype) if dtype else model).to(self.device).eval()
+        from draftline.target import load_model, load_tokenizer
+
+        self.tokenizer = load_tokenizer(info)
+        dtype = getattr(torch, cfg["dtype"]) if cfg["dtype"] != "auto" else "auto"
+        self.model = load_model(info, dtype=dtype, device=self.device)
         self.stop_ids = sorted({info.end_of_turn_token_id, info.eos_token_id})
         pad = info.pad_token_id if info.pad_token_id is not None else info.eos_token_id
         self.pad_id = pad

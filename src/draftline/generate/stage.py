@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -272,14 +271,16 @@ def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: dict[s
 
 
 def run_generate(params: dict[str, Any], prompts_path: str | Path = "data/prompts/train.jsonl",
-                 target_json: str | Path = "data/target/target.json", out_dir: str | Path = "data/completions",
+                 target_dir: str | Path = "data/target", out_dir: str | Path = "data/completions",
                  metrics_path: str | Path = "metrics/generate.json", strict: bool = False) -> dict[str, Any]:
     """Run the stage; returns the metrics it wrote."""
     t0 = time.monotonic()
     s = settings(params)
     skips = Skips(log, strict=strict)
     prompts = read_prompts(prompts_path, skips)
-    info = TargetInfo.from_dict(json.loads(Path(target_json).read_text(encoding="utf-8")))
+    from draftline.target import load_target  # imports torch: only once the params are known to be sound
+
+    info = load_target(target_dir)
     sampling = {k: s[k] for k in SAMPLING_KEYS}
     target = {"tokenizer_fingerprint": info.tokenizer_fingerprint,
               "model_fingerprint": info.model_fingerprint or f"path:{info.path}"}
