@@ -11,7 +11,7 @@ if __name__ == "__main__":
     params = TokenizeParams.from_params(load_params("tokenize")["tokenize"])
     run_tokenize(
         completions_dir="data/completions",
-        target_json="data/target/target.json",
+        target_dir="data/target",
         out_dir="data/tokenized",
         metrics_path="metrics/tokenize.json",
         plot_path="plots/seq_len.csv",

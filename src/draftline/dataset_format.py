@@ -56,6 +56,8 @@ META_FILE = "draftline.json"
 MAX_SHARD_BYTES = 500 * 1000 * 1000
 # Rows per Arrow record batch inside a shard: fixed, so the bytes never depend on how the input was chunked.
 BATCH_ROWS = 1024
+# Bytes a shard spends outside its rows (the schema with its ``huggingface`` metadata, the end-of-stream marker).
+SHARD_HEADER_BYTES = 4096
 
 # Fields of DatasetMeta that must agree before two datasets may be concatenated or trained on together.
 COMPAT_FIELDS = (
@@ -173,7 +175,8 @@ def _row_bytes(table: pa.Table) -> np.ndarray:
     text = sum(
         pc.binary_length(table.column(c).cast(pa.binary())).to_numpy().astype(np.int64) for c in ("id", "source")
     )
-    return 4 * n + (n + 7) // 8 + text + 4 * 4 + 2 * 4
+    # +1: each record batch of BATCH_ROWS rows adds well under BATCH_ROWS bytes of message headers and padding.
+    return 4 * n + (n + 7) // 8 + text + 4 * 4 + 2 * 4 + 1
 
 
 def _canonical(table: pa.Table) -> pa.Table:
@@ -218,7 +221,7 @@ class ShardWriter:
         sizes = _row_bytes(table)
         start = 0
         while start < len(sizes):
-            room = self.max_shard_bytes - self._pending_bytes
+            room = self.max_shard_bytes - SHARD_HEADER_BYTES - self._pending_bytes
             cum = np.cumsum(sizes[start:])
             take = int(np.searchsorted(cum, room, side="right"))
             if take == 0 and not self._pending:

@@ -16,6 +16,7 @@ adds after it (Qwen's ``\\n``) stays in ``input_ids`` but is unmasked, as the ta
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -50,14 +51,38 @@ class ChunkResult:
     thinking: set[bool | None] = field(default_factory=set)
 
 
+def as_served(messages: list[Message]) -> list[Message]:
+    """The messages as SGLang hands them to the template: tool-call ``arguments`` sent as a JSON string are
+    parsed into an object first (templates such as Qwen3-Coder's iterate over them; Qwen3's prints an object
+    with ``tojson``). Arguments that are not a JSON object stay as they are. The input is not modified."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls and any(isinstance((c.get("function") or {}).get("arguments"), str) for c in calls):
+            m = {**m, "tool_calls": [_parsed_call(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+def _parsed_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function") or {}
+    if not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"])
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**fn, "arguments": args}} if isinstance(args, dict) else call
+
+
 def render(tokenizer: Any, ex: Example) -> tuple[str, str]:
     """``(prompt_text, full_text)`` exactly as the server renders them: same template, tools and thinking mode."""
     kwargs: dict[str, Any] = {"tools": ex.tools or None, "tokenize": False}
     # Passed only when the run set it: a template may treat a present-but-None flag differently from an absent one.
     if ex.enable_thinking is not None:
         kwargs["enable_thinking"] = ex.enable_thinking
-    prompt = tokenizer.apply_chat_template(ex.prompt, add_generation_prompt=True, **kwargs)
-    full = tokenizer.apply_chat_template(ex.full, add_generation_prompt=False, **kwargs)
+    prompt = tokenizer.apply_chat_template(as_served(ex.prompt), add_generation_prompt=True, **kwargs)
+    full = tokenizer.apply_chat_template(as_served(ex.full), add_generation_prompt=False, **kwargs)
     return prompt, full
 
 

@@ -8,8 +8,6 @@ same, byte for byte, whatever the number of workers.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from collections import deque
@@ -120,26 +118,20 @@ def chunked(items: Iterator[Example], size: int) -> Iterator[list[Example]]:
         yield chunk
 
 
-def load_tokenizer(info: TargetInfo) -> Any:
-    """The target's tokenizer, through the target stage's loader when there is one."""
-    try:
-        from draftline.target import load_tokenizer as target_load_tokenizer  # type: ignore[attr-defined]
-    except ImportError:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(info.path, local_files_only=True)
-    return target_load_tokenizer(info)
-
-
 # One MaskBuilder per worker process, made once by the pool initializer.
 _BUILDER: MaskBuilder | None = None
 
 
-def _init_worker(info: TargetInfo, max_len: int, overflow: str) -> None:
+def _init_worker(info: TargetInfo, max_len: int, overflow: str, tokenizer: Any = None) -> None:
     global _BUILDER
     # Each worker is one core: the tokenizer's own thread pool would make workers fight over the same cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _BUILDER = MaskBuilder(load_tokenizer(info), info.end_of_turn_token_id, max_len, overflow)
+    if tokenizer is None:
+        # The parent has already checked this folder against the target's fingerprint (load_tokenizer).
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(info.path, local_files_only=True)
+    _BUILDER = MaskBuilder(tokenizer, info.end_of_turn_token_id, max_len, overflow)
 
 
 def _work(chunk: list[Example]) -> ChunkResult:
@@ -148,11 +140,11 @@ def _work(chunk: list[Example]) -> ChunkResult:
 
 
 def tokenize_chunks(
-    chunks: Iterator[list[Example]], info: TargetInfo, max_len: int, overflow: str, workers: int
+    chunks: Iterator[list[Example]], info: TargetInfo, tokenizer: Any, max_len: int, overflow: str, workers: int
 ) -> Iterator[ChunkResult]:
     """Results of every chunk, in input order; ``workers`` processes, or this one when ``workers == 1``."""
     if workers <= 1:
-        _init_worker(info, max_len, overflow)
+        _init_worker(info, max_len, overflow, tokenizer)
         yield from map(_work, chunks)
         return
     import multiprocessing as mp
@@ -194,7 +186,7 @@ def histogram(num_tokens: np.ndarray, max_len: int) -> list[dict[str, int]]:
 
 def run_tokenize(
     completions_dir: str | os.PathLike,
-    target_json: str | os.PathLike,
+    target_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     metrics_path: str | os.PathLike,
     plot_path: str | os.PathLike,
@@ -202,11 +194,15 @@ def run_tokenize(
 ) -> dict[str, Any]:
     """Run the stage; returns the metrics it writes."""
 
-    info = TargetInfo.from_dict(json.loads(Path(target_json).read_text(encoding="utf-8")))
+    # Imported here, not at the top: draftline.target pulls in torch, which the spawned workers do not need.
+    from draftline.target import load_target, load_tokenizer
+
+    info = load_target(target_dir)
     paths = sorted(Path(completions_dir).glob("part-*.jsonl"))
     if not paths:
         raise FileNotFoundError(f"no part-*.jsonl in {completions_dir}: run the generate stage first")
-    _check_template(info)
+    # Checks the folder's tokenizer and chat template against the fingerprint the target stage recorded.
+    tokenizer = load_tokenizer(info)
     skips = Skips(log, strict=params.strict)
     workers = params.num_workers
     log.info("tokenizing %d completion files with %d worker(s), turns=%s", len(paths), workers, params.turns)
@@ -230,7 +226,7 @@ def run_tokenize(
     def tables() -> Iterator[pa.Table]:
         nonlocal truncated
         chunks = chunked(read_examples(paths, params.turns, skips), params.chunk_rows)
-        for res in tokenize_chunks(chunks, info, params.max_len, params.overflow, workers):
+        for res in tokenize_chunks(chunks, info, tokenizer, params.max_len, params.overflow, workers):
             for reason, row_id, detail in res.skips:
                 skips.add(reason, row_id, detail)
             truncated += res.truncated
@@ -272,17 +268,3 @@ def run_tokenize(
         len(meta.shards), skips.total, skips.as_dict(), meta.num_tokens / max(elapsed, 1e-9), elapsed,
     )  # fmt: skip
     return metrics
-
-
-def _check_template(info: TargetInfo) -> None:
-    """Refuse to render with a chat template other than the one the target stage recorded."""
-    tok = load_tokenizer(info)
-    template = tok.chat_template
-    if not isinstance(template, str):
-        raise ValueError(f"the tokenizer at {info.path} has no (single) chat template; the target stage must give one")
-    sha = hashlib.sha256(template.encode("utf-8")).hexdigest()
-    if info.chat_template_sha256 and sha != info.chat_template_sha256:
-        raise ValueError(
-            f"the chat template at {info.path} (sha256 {sha[:12]}) is not the one data/target/target.json records "
-            f"({info.chat_template_sha256[:12]}): re-run the target stage"
-        )
