@@ -51,9 +51,8 @@ class LocalBackend:
         self.enable_thinking = enable_thinking
         self.batch_size = int(cfg["batch_size"])
         device = cfg["device"]
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                                   "cpu" if device == "auto" else device)
         from draftline.target import load_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(info)

@@ -281,6 +281,10 @@ def run_generate(params: dict[str, Any], prompts_path: str | Path = "data/prompt
     from draftline.target import load_target  # imports torch: only once the params are known to be sound
 
     info = load_target(target_dir)
+    if s["backend"] == "local" and s["local"]["device"] == "auto":
+        import torch  # the device decides float results, so the journal key names the one actually used
+
+        s["local"]["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     sampling = {k: s[k] for k in SAMPLING_KEYS}
     target = {"tokenizer_fingerprint": info.tokenizer_fingerprint,
               "model_fingerprint": info.model_fingerprint or f"path:{info.path}"}
