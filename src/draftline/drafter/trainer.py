@@ -53,9 +53,9 @@ class TrainConfig:
     anchors_per_seq: int = 64
     max_length: int = 2048
     max_tokens_per_batch: int = 4096
-    epochs: float = 1.0
-    max_steps: int = 0
-    lr: float = 6e-4
+    epochs: float = 6.0
+    max_steps: int = 300
+    lr: float = 2e-3
     min_lr_ratio: float = 0.0
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
@@ -64,7 +64,7 @@ class TrainConfig:
     seed: int = 0
     gpus: int = 0
     memory_limit_gb: float = 8.0
-    save_every: int = 100
+    save_every: int = 50
     log_every: int = 10
     strict: bool = False
 
