@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import WEATHER_TOOL, tiny_conversations
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from draftline.drafter.evaluate import (
@@ -24,16 +25,6 @@ from draftline.logs import get_logger
 from draftline.records import PromptRecord
 from draftline.skips import Skips
 from draftline.target import describe_target
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
 
 def prompt(i: int, source: str, text: str, tools=None) -> PromptRecord:
     return PromptRecord(id=f"{source}-{i}", source=source, row=i, messages=[{"role": "user", "content": text}], tools=tools)
@@ -66,7 +57,7 @@ def tiny_target_dir(tokenizer, tmp_path_factory):
 
 
 def test_render_matches_the_servers_render(tokenizer):
-    rec = prompt(0, "hermes_fc", "What is the weather in Paris?", tools=[WEATHER])
+    rec = prompt(0, "hermes_fc", "What is the weather in Paris?", tools=[WEATHER_TOOL])
     for thinking in (False, True):
         ids = render_prompt(tokenizer, rec, thinking)
         server = tokenizer.apply_chat_template(
@@ -114,7 +105,7 @@ def test_metrics_and_acceptance_plot_from_known_steps():
 def test_evaluate_stage_is_lossless_with_an_untrained_drafter(tiny_target_dir, tmp_path):
     prompts = tmp_path / "eval.jsonl"
     recs = [prompt(0, "chat", "Say hello."), prompt(1, "chat", "Name three colours."), prompt(2, "chat", "extra"),
-            prompt(0, "tools", "Weather in Oslo?", tools=[WEATHER]), prompt(1, "long", "word " * 300)]
+            prompt(0, "tools", "Weather in Oslo?", tools=[WEATHER_TOOL]), prompt(1, "long", "word " * 300)]
     prompts.write_text("".join(r.to_json() + "\n" for r in recs))
     params = EvalParams(max_new_tokens=12, max_prompts_per_source=2, max_prompt_tokens=200)
     out = dict(metrics_path=tmp_path / "metrics" / "eval.json", plot_path=tmp_path / "plots" / "acceptance.csv")
@@ -144,3 +135,24 @@ def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path)
     with pytest.raises(FileNotFoundError, match="run the train stage"):
         run_evaluate(EvalParams(), tiny_target_dir, tmp_path / "none", prompts,
                      tmp_path / "m.json", tmp_path / "p.csv")
+
+
+def test_lossless_on_the_embedded_target(embedded_target, tmp_path):
+    """The issue's check: speculative decoding on the embedded target reproduces target-only greedy decoding."""
+    from draftline.target import load_model, load_target
+
+    info = load_target(embedded_target)
+    target = load_model(info)
+    cfg = make_config(target.config, num_layers=1, block_size=8, mask_token_id=info.mask_token_id,
+                      target_layer_ids=build_target_layer_ids(target.config.num_hidden_layers, 3))
+    torch.manual_seed(0)
+    DFlashDrafter(cfg).save_pretrained(tmp_path / "checkpoints")
+    prompts = tmp_path / "eval.jsonl"
+    recs = [PromptRecord(id=f"c{c.row}", source=c.source, row=c.row, tools=c.tools,
+                         messages=[m for m in c.messages if m["role"] != "assistant"][:2])
+            for c in tiny_conversations(8)]
+    prompts.write_text("".join(r.to_json() + "\n" for r in recs))
+    m = run_evaluate(EvalParams(max_new_tokens=24, max_prompts_per_source=8), embedded_target,
+                     tmp_path / "checkpoints", prompts, tmp_path / "eval.json", tmp_path / "acceptance.csv")
+    assert m["n_prompts"] == 8 and m["lossless"] == 1.0
+    assert m["target_forwards"]["without_drafter"] == m["generated_tokens"]

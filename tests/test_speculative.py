@@ -21,6 +21,15 @@ BLOCK = 4
 MAX_NEW = 23  # not a multiple of the block, so the last block is partial
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Batch-1 decoding of a tiny model: on a loaded CI box a second OpenMP thread only spins (10x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Qwen3ForCausalLM:
     torch.manual_seed(0)
