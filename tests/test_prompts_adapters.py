@@ -20,7 +20,7 @@ FIXTURES = {
     "agent_glaive_toolcall_sharegpt": ("agent", 15),
     "agent_reason_tool_use_llamafactory_v1": ("agent", 15),
     "codefeedback_filtered_instruction": ("codefeedback", 1),
-    "hermes_function_calling_v1": ("hermes_fc", 4),
+    "hermes_function_calling_v1": ("hermes_fc", 3),  # row 1's tool call nests "name" in "arguments": bad_tools
     "infinity_instruct_7M": ("infinity_instruct", 11),
     "infinity_instruct_gen": ("infinity_instruct", 15),
     "metamathqa": ("metamathqa", 2),

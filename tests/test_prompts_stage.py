@@ -109,7 +109,7 @@ def test_infeasible_blend_fails_before_writing(env: Path) -> None:
 
 
 def test_strict_stops_at_the_first_bad_row_naming_it(env: Path) -> None:
-    with pytest.raises(SkipError, match="http row 9: malformed"):
+    with pytest.raises(SkipError, match="hermes row 1: bad_tools"):
         _run(env, "strict", BLEND, prompts={**PROMPTS, "strict": True})
     assert not (env / "strict").exists()
 

@@ -19,7 +19,8 @@ def hermes(datasets_dir: Path):
     rows = [json.loads(line) for line in (datasets_dir / "hermes_function_calling_v1.jsonl").read_text().splitlines()]
     skips = Skips(get_logger("test"))
     convs = list(adapt_rows("hermes_fc", enumerate(rows), make_adapter("hermes_fc"), skips))
-    assert skips.total == 0
+    # Row 1's call puts "name" inside "arguments": not a readable call, so the row is skipped, not guessed at.
+    assert skips.as_dict() == {"bad_tools": 1} and [c.row for c in convs] == [0, 2, 3]
     return rows, convs
 
 
@@ -42,17 +43,20 @@ def test_hermes_python_repr_tools_become_json_tools(hermes) -> None:
     assert "<tools>" not in system["content"] and "<tool_call>" not in system["content"]
     assert system["content"] == "You are a function calling AI model. Don't make assumptions about what values to plug into functions."
     # Row 1 writes its <tools> block as JSON: read the same way.
-    assert [t["function"]["name"] for t in convs[1].tools] == ["ExpertQAExtractor"]
+    tools1, system1 = extract_system_tools(rows[1]["conversations"][0]["value"])
+    assert [t["function"]["name"] for t in tools1] == ["ExpertQAExtractor"]
+    assert system1.startswith("You are an expert structured information extraction AI model.") and "<tool" not in system1
     # Rows 2-3 carry a <schema>, not tools: their system prompt stays whole.
-    assert convs[2].tools is None and convs[2].messages[0]["content"] == rows[2]["conversations"][0]["value"]
+    assert convs[1].tools is None and convs[1].messages[0]["content"] == rows[2]["conversations"][0]["value"]
 
 
 def test_real_qwen3_template_renders_tools_exactly_once(hermes, qwen3) -> None:
     rows, convs = hermes
-    for conv in convs[:2]:
-        prompt = cut_prompt(conv)
-        text = qwen3.apply_chat_template(prompt.messages, tools=prompt.tools, tokenize=False, add_generation_prompt=True)
-        name = prompt.tools[0]["function"]["name"]
+    tools1, system1 = extract_system_tools(rows[1]["conversations"][0]["value"])
+    row1 = [{"role": "system", "content": system1}, {"role": "user", "content": rows[1]["conversations"][1]["value"]}]
+    for messages, tools in ((cut_prompt(convs[0]).messages, convs[0].tools), (row1, tools1)):
+        text = qwen3.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        name = tools[0]["function"]["name"]
         assert text.count(f'"name": "{name}"') == 1, text
         assert text.count("<tools>\n") == 1
         assert text.count("For each function call") == 1
@@ -76,8 +80,6 @@ def test_hermes_tool_calls_become_openai_calls_and_render_natively(hermes, qwen3
     text = qwen3.apply_chat_template(conv.messages, tools=conv.tools, tokenize=False)
     assert text.count("<tool_call>\n{\"name\": \"search_flights\"") == 1
     assert text.count("<tool_response>") == 1
-    # Row 1's call puts "name" inside "arguments": not a readable call, so the text is kept as the dataset wrote it.
-    assert "tool_calls" not in convs[1].messages[2] and "<tool_call>" in convs[1].messages[2]["content"]
 
 
 def test_python_repr_is_never_evaluated() -> None:
@@ -93,6 +95,15 @@ def test_python_repr_is_never_evaluated() -> None:
 
 def test_bad_tools_row_is_skipped_with_reason() -> None:
     skips = Skips(get_logger("test"))
+    no_tag = "You may call functions.\n[{'name': 'f'}]"
+    hermes_rows = [
+        (0, {"conversations": [{"from": "system", "value": no_tag}, {"from": "human", "value": "hi"}, {"from": "gpt", "value": "<tool_call>\n{'name': 'f', 'arguments': {}}\n</tool_call>"}]}),
+        (1, {"conversations": [{"from": "system", "value": "<tools>\n[{'name': 'f'}]\n</tools>"}, {"from": "human", "value": "hi"}, {"from": "gpt", "value": "<tool_call>\n{'name': 'f', 'arguments': {'a': }}\n</tool_call>"}]}),
+        (2, {"conversations": [{"from": "system", "value": "<tools>\n[{'name': 'f'}]\n</tools>"}, {"from": "human", "value": "hi"}, {"from": "gpt", "value": ""}]}),
+    ]
+    assert list(adapt_rows("hermes_fc", iter(hermes_rows), make_adapter("hermes_fc"), skips)) == []
+    assert skips.as_dict() == {"bad_tools": 2, "empty": 1}
+    skips = Skips(get_logger("test"))
     rows = [
         (0, {"conversations": [{"from": "human", "value": "hi"}], "tools": "[{'name': 'f',"}),
         (1, {"conversations": [{"from": "human", "value": "hi"}], "tools": '[{"name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "str"}}}}]'}),
@@ -105,3 +116,5 @@ def test_bad_tools_row_is_skipped_with_reason() -> None:
 def test_split_tool_calls_keeps_surrounding_text() -> None:
     text, calls = split_tool_calls("Let me check.\n<tool_call>\n{'name': 'f', 'arguments': {'a': 1}}\n</tool_call>")
     assert text == "Let me check." and calls[0]["function"] == {"name": "f", "arguments": '{"a":1}'}
+    with pytest.raises(ToolError):
+        split_tool_calls("<tool_call>\n{'arguments': {'a': 1, 'name': 'f'}}\n</tool_call>")

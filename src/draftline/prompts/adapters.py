@@ -225,7 +225,10 @@ def sharegpt(
         msg: Message = {"role": role, "content": text}
         if role == "assistant":
             if hermes:
-                text, calls = split_tool_calls(text)
+                try:
+                    text, calls = split_tool_calls(text)
+                except ToolError as e:
+                    raise RowError("bad_tools", f"unreadable <tool_call>: {e}") from None
                 msg["content"] = text
                 parts.calls.extend(calls)
             if parts.reasoning:
@@ -235,6 +238,8 @@ def sharegpt(
         elif parts.reasoning or parts.calls:
             raise RowError("malformed", f"reasoning or tool calls in a {role} turn")
         messages.append(msg)
+    if hermes and not tools and any(m.get("tool_calls") for m in messages):
+        raise RowError("bad_tools", "tool calls but no readable <tools> block in the system prompt")
     return Adapted(messages, tools, media)
 
 
@@ -386,6 +391,10 @@ def adapt_rows(
             continue
         if not got.messages:
             skips.add("empty", f"{name} row {index}", "no messages")
+            continue
+        # An empty reply is a broken row, not an answer: it would teach the target to stop at once.
+        if any(m["role"] == "assistant" and not (m["content"].strip() or m.get("tool_calls") or m.get("reasoning_content")) for m in got.messages):
+            skips.add("empty", f"{name} row {index}", "empty assistant turn")
             continue
         stats["media_parts_dropped"] += got.media
         yield Conversation(source=name, row=index, messages=got.messages, tools=got.tools)

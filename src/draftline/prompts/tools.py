@@ -14,8 +14,10 @@ import json
 import re
 from typing import Any
 
-from jsonschema import SchemaError
-from jsonschema.validators import validator_for
+from functools import lru_cache
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from draftline.records import Tool, dumps
 
@@ -92,6 +94,17 @@ def _repair_types(schema: Any) -> Any:
     return out
 
 
+# One meta-schema validator, and one check per distinct schema: agent data repeats the same tool list
+# on thousands of rows, and a fresh check costs milliseconds.
+_META = Draft202012Validator(Draft202012Validator.META_SCHEMA)
+
+
+@lru_cache(maxsize=16384)
+def _schema_error(schema_json: str) -> str | None:
+    error = best_match(_META.iter_errors(json.loads(schema_json)))
+    return error.message[:120] if error is not None else None
+
+
 def normalize_tool(spec: Any) -> Tool:
     """One spec (OpenAI ``{"type": "function", "function": {...}}`` or bare ``{"name", ...}``) as an OpenAI spec."""
     if not isinstance(spec, dict):
@@ -110,10 +123,9 @@ def normalize_tool(spec: Any) -> Tool:
         raise ToolError(f"tool {name!r}: parameters must be a JSON-Schema object")
     if "type" not in params:
         params = {"type": "object", **params}  # OpenAI requires it; an untyped schema with properties means it
-    try:
-        validator_for(params).check_schema(params)
-    except SchemaError as e:
-        raise ToolError(f"tool {name!r}: invalid JSON-Schema: {e.message[:120]}") from None
+    error = _schema_error(json.dumps(params, sort_keys=True))
+    if error:
+        raise ToolError(f"tool {name!r}: invalid JSON-Schema: {error}")
     out: dict[str, Any] = {"name": name.strip()}
     if isinstance(fn.get("description"), str):
         out["description"] = fn["description"]
@@ -202,18 +214,15 @@ _TOOL_RESPONSE_BLOCK = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>",
 def split_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
     """An assistant turn in Hermes style: the text outside ``<tool_call>`` blocks and the calls as OpenAI calls.
 
-    A block that is not a readable call stays in the text as it was: the answer is kept, not guessed at.
+    A block that is not a readable call raises :class:`ToolError`: kept as text it would teach the dataset's
+    broken call format, and guessing its meaning would invent data.
     """
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     pos = 0
     for m in _TOOL_CALL_BLOCK.finditer(text):
-        try:
-            call = to_tool_call(m.group(1))
-        except ToolError:
-            continue
+        calls.append(to_tool_call(m.group(1)))
         kept.append(text[pos : m.start()])
-        calls.append(call)
         pos = m.end()
     kept.append(text[pos:])
     return ("".join(kept).strip() if calls else text), calls
