@@ -52,8 +52,9 @@ def parse_reply(body: dict[str, Any]) -> ChatResult:
     choice = body["choices"][0]
     msg = choice["message"]
     message: dict[str, Any] = {"role": "assistant", "content": msg.get("content") or ""}
-    if msg.get("reasoning_content"):
-        message["reasoning_content"] = msg["reasoning_content"]
+    # SGLang and older vLLM say `reasoning_content`; vLLM >= 0.10 says `reasoning`.
+    if reasoning := msg.get("reasoning_content") or msg.get("reasoning"):
+        message["reasoning_content"] = reasoning
     if msg.get("tool_calls"):
         message["tool_calls"] = [
             {"type": "function", "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
@@ -103,15 +104,16 @@ class ChatClient:
         if self._session is not None:
             await self._session.close()
 
-    async def _acquire(self) -> Endpoint:
+    async def _acquire(self, avoid: Endpoint | None = None) -> Endpoint:
         """A slot on the least-busy endpoint that is not cooling down after a failure.
 
-        When every endpoint is cooling down, the free ones are probed anyway rather than stalling the run.
+        A retry goes to another endpoint than the one that just failed it, where there is another. When every
+        endpoint is cooling down, the free ones are probed anyway rather than stalling the run.
         """
         async with self._cond:
             while True:
                 now = time.monotonic()
-                free = [e for e in self.endpoints if e.in_flight < self.concurrency]
+                free = [e for e in self.endpoints if e.in_flight < self.concurrency and e is not avoid]
                 ready = [e for e in free if e.cool_until <= now]
                 if not ready and all(e.cool_until > now for e in self.endpoints):
                     ready = free
@@ -129,12 +131,13 @@ class ChatClient:
     async def _release(self, ep: Endpoint) -> None:
         async with self._cond:
             ep.in_flight -= 1
-            self._cond.notify()
+            self._cond.notify_all()  # waiters differ in what they may take (a retry avoids its endpoint)
 
     async def chat(self, body: dict[str, Any], request_id: str) -> ChatResult:
         """Send one request, retrying what may succeed later; raise :class:`RequestFailed` when out of tries."""
+        ep = None
         for attempt in range(self.retries + 1):
-            ep = await self._acquire()
+            ep = await self._acquire(avoid=ep if len(self.endpoints) > 1 else None)
             try:
                 result = await self._post(ep, body, f"{request_id}-{attempt}")
                 ep.failures = 0
