@@ -334,3 +334,22 @@ def test_embedded_target(request):
     assert row["input_ids"][np.flatnonzero(row["loss_mask"])[-1]] == info.end_of_turn_token_id
     whole = tok.apply_chat_template([USER, reply], tokenize=True, return_dict=True, enable_thinking=True)["input_ids"]
     assert row["input_ids"] == list(whole)
+
+
+def test_strict_stops_at_the_first_bad_line_and_writes_nothing(qwen3_tokenizer_dir, tmp_path):
+    from draftline.skips import SkipError
+
+    comp = tmp_path / "completions"
+    write_completions(comp, n=3)
+    target = target_dir(qwen3_tokenizer_dir, tmp_path)
+    with pytest.raises(SkipError, match="part-00001.jsonl:1: invalid_json"):
+        run(tmp_path, comp, target, "strict", workers=1, strict=True)
+    assert not (tmp_path / "strict" / "tokenized").exists()
+
+
+def test_params_are_validated():
+    with pytest.raises(ValueError, match="unknown key"):
+        TokenizeParams.from_params({"max_length": 10})
+    with pytest.raises(ValueError, match="overflow"):
+        TokenizeParams.from_params({"overflow": "wrap"})
+    assert TokenizeParams.from_params({"workers": 0}).num_workers == os.cpu_count()

@@ -8,6 +8,7 @@ same, byte for byte, whatever the number of workers.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import deque
@@ -21,7 +22,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from draftline.dataset_format import MAX_SHARD_BYTES, DatasetMeta, write_dataset
-from draftline.files import iter_jsonl, write_csv, write_json
+from draftline.files import write_csv, write_json
 from draftline.logs import get_logger
 from draftline.loss_mask import OVERFLOW_MODES, ChunkResult, Example, MaskBuilder
 from draftline.records import CompletionRecord, TargetInfo
@@ -41,7 +42,7 @@ class TokenizeParams:
     max_len: int = 3072
     overflow: str = "drop"
     workers: int = 0
-    chunk_rows: int = 256
+    chunk_rows: int = 64
     max_shard_mb: int = MAX_SHARD_BYTES // 1_000_000
     strict: bool = False
 
@@ -80,35 +81,43 @@ def examples_from_record(rec: CompletionRecord, turns: str) -> Iterator[Example]
             k += 1
 
 
-def read_examples(paths: list[Path], turns: str, skips: Skips) -> Iterator[Example]:
-    """Examples of every valid completion, in file and line order; bad lines are counted skips."""
+# A skipped line or row: (reason, where, detail).
+Skip = tuple[str, str, str]
+
+
+def parse_completion(line: str, where: str, turns: str) -> tuple[list[Example], Skip | None]:
+    """The examples of one ``CompletionRecord`` line, or the reason it has none."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        return [], ("invalid_json", where, f"invalid JSON: {e.msg} at column {e.colno}")
+    try:
+        rec = CompletionRecord.from_dict(obj)
+        roles_ok = bool(rec.messages) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in rec.messages)
+    except (TypeError, AttributeError) as e:
+        return [], ("invalid_record", where, str(e))
+    if not roles_ok:
+        return [], ("invalid_record", where, "messages must be a non-empty list of {role, content} objects")
+    if rec.messages[-1]["role"] != "assistant" or not rec.prompt_messages:
+        return [], ("no_assistant_reply", where, f"id {rec.id}: the last message is not the target's reply")
+    if rec.finish_reason == "length":
+        # Cut at max_tokens: the reply never ended, and a Qwen3 reply cut inside <think> is all reasoning.
+        return [], ("finish_length", where, f"id {rec.id}")
+    return list(examples_from_record(rec, turns)), None
+
+
+def read_lines(paths: list[Path]) -> Iterator[tuple[str, str]]:
+    """``(where, line)`` for every non-blank line, in file and line order. The workers parse them: JSON parsing
+    in the one reading process would cap how many workers can be kept busy."""
     for path in paths:
-        for lineno, obj, err in iter_jsonl(path):
-            where = f"{path.name}:{lineno}"
-            if err:
-                skips.add("invalid_json", where, err)
-                continue
-            try:
-                rec = CompletionRecord.from_dict(obj)
-                roles_ok = all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in rec.messages)
-            except (TypeError, AttributeError) as e:
-                skips.add("invalid_record", where, str(e))
-                continue
-            if not roles_ok or not rec.messages:
-                skips.add("invalid_record", where, "messages must be a non-empty list of {role, content} objects")
-                continue
-            if rec.messages[-1]["role"] != "assistant" or len(rec.prompt_messages) == 0:
-                skips.add("no_assistant_reply", where, f"id {rec.id}: the last message is not the target's reply")
-                continue
-            if rec.finish_reason == "length":
-                # Cut at max_tokens: the reply never ended, and a Qwen3 reply cut inside <think> is all reasoning.
-                skips.add("finish_length", where, f"id {rec.id}")
-                continue
-            yield from examples_from_record(rec, turns)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, start=1):
+                if line.strip():
+                    yield f"{path.name}:{lineno}", line
 
 
-def chunked(items: Iterator[Example], size: int) -> Iterator[list[Example]]:
-    chunk: list[Example] = []
+def chunked(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
     for item in items:
         chunk.append(item)
         if len(chunk) == size:
@@ -118,12 +127,32 @@ def chunked(items: Iterator[Example], size: int) -> Iterator[list[Example]]:
         yield chunk
 
 
-# One MaskBuilder per worker process, made once by the pool initializer.
-_BUILDER: MaskBuilder | None = None
+class ChunkWorker:
+    """Completion lines -> rows: parse, render, tokenize, mask. One per process."""
+
+    def __init__(self, builder: MaskBuilder, turns: str):
+        self.builder = builder
+        self.turns = turns
+
+    def __call__(self, lines: list[tuple[str, str]]) -> ChunkResult:
+        examples: list[Example] = []
+        skips: list[Skip] = []
+        for where, line in lines:
+            found, skip = parse_completion(line, where, self.turns)
+            examples.extend(found)
+            if skip:
+                skips.append(skip)
+        result = self.builder(examples)
+        result.skips[:0] = skips
+        return result
 
 
-def _init_worker(info: TargetInfo, max_len: int, overflow: str, tokenizer: Any = None) -> None:
-    global _BUILDER
+# The process's ChunkWorker: set before the pool forks (or by the initializer of a spawned worker).
+_WORKER: ChunkWorker | None = None
+
+
+def _init_worker(info: TargetInfo, params: TokenizeParams, tokenizer: Any = None) -> None:
+    global _WORKER
     # Each worker is one core: the tokenizer's own thread pool would make workers fight over the same cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if tokenizer is None:
@@ -131,31 +160,40 @@ def _init_worker(info: TargetInfo, max_len: int, overflow: str, tokenizer: Any =
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(info.path, local_files_only=True)
-    _BUILDER = MaskBuilder(tokenizer, info.end_of_turn_token_id, max_len, overflow)
+    builder = MaskBuilder(tokenizer, info.end_of_turn_token_id, params.max_len, params.overflow)
+    _WORKER = ChunkWorker(builder, params.turns)
 
 
-def _work(chunk: list[Example]) -> ChunkResult:
-    assert _BUILDER is not None, "worker not initialised"
-    return _BUILDER(chunk)
+def _work(lines: list[tuple[str, str]]) -> ChunkResult:
+    assert _WORKER is not None, "worker not initialised"
+    return _WORKER(lines)
+
+
+def _pool(info: TargetInfo, params: TokenizeParams, tokenizer: Any):
+    import multiprocessing as mp
+
+    if "fork" in mp.get_all_start_methods():
+        # fork: workers inherit the loaded, checked tokenizer for free, where spawn re-imports transformers in each
+        # (seconds apiece). Safe here: the parent has tokenized nothing yet, so no tokenizer or Arrow threads run.
+        _init_worker(info, params, tokenizer)
+        return mp.get_context("fork").Pool(params.num_workers)
+    return mp.get_context("spawn").Pool(params.num_workers, _init_worker, (info, params))
 
 
 def tokenize_chunks(
-    chunks: Iterator[list[Example]], info: TargetInfo, tokenizer: Any, max_len: int, overflow: str, workers: int
+    chunks: Iterator[list[tuple[str, str]]], info: TargetInfo, tokenizer: Any, params: TokenizeParams
 ) -> Iterator[ChunkResult]:
-    """Results of every chunk, in input order; ``workers`` processes, or this one when ``workers == 1``."""
-    if workers <= 1:
-        _init_worker(info, max_len, overflow, tokenizer)
+    """Results of every chunk of lines, in input order; ``params.num_workers`` processes, or this one for 1."""
+    if params.num_workers <= 1:
+        _init_worker(info, params, tokenizer)
         yield from map(_work, chunks)
         return
-    import multiprocessing as mp
-
-    # spawn, not fork: the parent may hold tokenizer and Arrow threads, which a fork copies in a broken state.
-    with mp.get_context("spawn").Pool(workers, _init_worker, (info, max_len, overflow)) as pool:
+    with _pool(info, params, tokenizer) as pool:
         # A bounded window of chunks in flight keeps memory flat however many completions there are.
         pending: deque = deque()
         for chunk in chunks:
             pending.append(pool.apply_async(_work, (chunk,)))
-            if len(pending) >= 2 * workers:
+            if len(pending) >= 2 * params.num_workers:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
@@ -193,8 +231,7 @@ def run_tokenize(
     params: TokenizeParams,
 ) -> dict[str, Any]:
     """Run the stage; returns the metrics it writes."""
-
-    # Imported here, not at the top: draftline.target pulls in torch, which the spawned workers do not need.
+    # Imported here, not at the top: draftline.target pulls in torch, which spawned workers (no fork) need not load.
     from draftline.target import load_target, load_tokenizer
 
     info = load_target(target_dir)
@@ -204,8 +241,7 @@ def run_tokenize(
     # Checks the folder's tokenizer and chat template against the fingerprint the target stage recorded.
     tokenizer = load_tokenizer(info)
     skips = Skips(log, strict=params.strict)
-    workers = params.num_workers
-    log.info("tokenizing %d completion files with %d worker(s), turns=%s", len(paths), workers, params.turns)
+    log.info("tokenizing %d completion files with %d worker(s), turns=%s", len(paths), params.num_workers, params.turns)
 
     meta = DatasetMeta(
         tokenizer_fingerprint=info.tokenizer_fingerprint,
@@ -225,8 +261,8 @@ def run_tokenize(
 
     def tables() -> Iterator[pa.Table]:
         nonlocal truncated
-        chunks = chunked(read_examples(paths, params.turns, skips), params.chunk_rows)
-        for res in tokenize_chunks(chunks, info, tokenizer, params.max_len, params.overflow, workers):
+        chunks = chunked(read_lines(paths), params.chunk_rows)
+        for res in tokenize_chunks(chunks, info, tokenizer, params):
             for reason, row_id, detail in res.skips:
                 skips.add(reason, row_id, detail)
             truncated += res.truncated
@@ -234,7 +270,7 @@ def run_tokenize(
             num_tokens.append(res.table.column("num_tokens").to_numpy())
             num_loss.append(res.table.column("num_loss_tokens").to_numpy())
             sources.extend(res.table.column("source").to_pylist())
-            bar.update(res.table.num_rows + len(res.skips))
+            bar.update(res.table.num_rows)
             yield res.table
         # write_dataset writes draftline.json after the last table, so the mode is known by then.
         if len(thinking) > 1:
@@ -267,4 +303,11 @@ def run_tokenize(
         meta.num_rows, meta.num_tokens, 100 * metrics.get("loss_coverage", 0), metrics["bytes_per_token"],
         len(meta.shards), skips.total, skips.as_dict(), meta.num_tokens / max(elapsed, 1e-9), elapsed,
     )  # fmt: skip
+    for name, st in [("all", metrics), *metrics["per_source"].items()]:
+        if st["samples"]:
+            log.info(
+                "%-20s %8d rows %12d tokens  coverage %5.1f%%  length mean %.0f median %.0f p90 %.0f max %d",
+                name, st["samples"], st["total_tokens"], 100 * st["loss_coverage"],
+                st["mean_len"], st["median_len"], st["p90_len"], st["max_len"],
+            )  # fmt: skip
     return metrics

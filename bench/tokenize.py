@@ -1,0 +1,179 @@
+"""Benchmark of the tokenize stage against the raw fast tokenizer, measured side by side in one run.
+
+    python bench/tokenize.py [--quick] [--rows N] [--tokenizer PATH]
+
+Prints:
+- raw: ``tokenizer.backend_tokenizer.encode_batch`` over the stage's own rendered texts, one thread;
+- the stage (``run_tokenize``: read JSONL, render, tokenize, mask, Arrow shards, metrics) with 1 worker, and its
+  ratio to raw (target >= 0.8);
+- the stage with 2 workers, and the 1 -> 2 worker scaling;
+- bytes per token on disk.
+
+Each figure is the best of two runs, as wall-clock tokens/s and as tokens per CPU-second (this process plus its
+worker processes): on a machine shared with other jobs the wall-clock scaling understates what the stage does,
+and "CPU per token" (2 workers vs 1, ideally x1.0) shows the cost of the parallel machinery itself.
+
+Rows are seeded synthetic reasoning chats of ~1-4K tokens (the reference run averaged 2.8K), with the real Qwen3
+tokenizer from ../shared/fixtures by default. On a machine shared with other jobs, compare ratios, not absolutes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's folder is first on sys.path and its name would shadow the standard library's
+# `tokenize` (which dataclasses, inspect and linecache import): drop that folder before importing anything else.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import random  # noqa: E402
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# One thread per process on both sides: the comparison is per core.
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from draftline.fingerprint import template_sha256, tokenizer_fingerprint  # noqa: E402
+from draftline.loss_mask import render  # noqa: E402
+from draftline.records import TargetInfo, dumps  # noqa: E402
+from draftline.tokenize import TokenizeParams, parse_completion, read_lines, run_tokenize  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CHUNK = TokenizeParams().chunk_rows
+DEFAULT_TOKENIZER = REPO.parent / "shared" / "fixtures" / "qwen3-tokenizer"
+WORDS = (
+    "the of and to in is that for it as with was on be by this are or from at which an but not have has we can "
+    "their one all there been if more when will would who so no these than then them into only other some time "
+    "function value return list number result first second total answer step compute equal solve integer prime "
+    "matrix vector gradient loss model token sequence parallel memory cache request server latency throughput"
+).split()
+SNIPPETS = [
+    "def f(x):\n    return x * x + 1\n",
+    "for i in range(10):\n    total += i\n",
+    "$\\frac{a}{b} = \\sqrt{c^2 + d^2}$",
+    "```python\nimport numpy as np\nprint(np.arange(5))\n```",
+    "Therefore, 12 * 7 = 84 and 84 / 4 = 21.",
+]
+
+
+def text(rng: random.Random, words: int) -> str:
+    out = []
+    for i in range(words):
+        out.append(rng.choice(WORDS).capitalize() if i % 17 == 0 else rng.choice(WORDS))
+        if i % 23 == 22:
+            out.append(".\n" + rng.choice(SNIPPETS) + "\n")
+        elif i % 9 == 8:
+            out.append(str(rng.randint(0, 9999)))
+    return " ".join(out)
+
+
+def write_inputs(folder: Path, rows: int, tok_dir: Path, seed: int = 0) -> tuple[Path, Path]:
+    from transformers import AutoTokenizer
+
+    rng = random.Random(seed)
+    comp = folder / "completions"
+    comp.mkdir(parents=True)
+    with open(comp / "part-00000.jsonl", "w", encoding="utf-8") as f:
+        for i in range(rows):
+            msgs = [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": text(rng, rng.randint(30, 300))},
+                {"role": "assistant", "content": text(rng, rng.randint(100, 800)), "reasoning_content": text(rng, rng.randint(200, 1500))},
+            ]
+            rec = {"id": f"b{i:06d}", "source": f"s{i % 4}", "row": i, "messages": msgs, "finish_reason": "stop",
+                   "generation": {"enable_thinking": True}}  # fmt: skip
+            f.write(dumps(rec) + "\n")
+    tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    info = TargetInfo(
+        path=str(tok_dir), tokenizer_fingerprint=tokenizer_fingerprint(tok_dir, tok.chat_template),
+        chat_template_sha256=template_sha256(tok.chat_template), eos_token="<|im_end|>", eos_token_id=eot,
+        pad_token_id=tok.pad_token_id, end_of_turn_token="<|im_end|>", end_of_turn_token_id=eot,
+        think_start_token="<think>", think_end_token="</think>", mask_token_id=151656, vocab_size=len(tok),
+    )  # fmt: skip
+    target = folder / "target"
+    target.mkdir()
+    (target / "target.json").write_text(json.dumps(info.to_dict()))
+    return comp, target
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the stage's worker processes)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def best_of(runs: int, fn) -> tuple[float, float]:
+    """(wall, cpu) seconds of the fastest of ``runs`` calls."""
+    best = (float("inf"), float("inf"))
+    for _ in range(runs):
+        w0, c0 = time.perf_counter(), cpu_seconds()
+        fn()
+        best = min(best, (time.perf_counter() - w0, cpu_seconds() - c0))
+    return best
+
+
+def raw_encode(comp: Path, tok_dir: Path) -> tuple[int, tuple[float, float]]:
+    """encode_batch alone over the texts the stage renders (rendering not timed), one thread, stage-size chunks."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    lines = read_lines([comp / "part-00000.jsonl"])
+    texts = [render(tok, ex)[1] for where, line in lines for ex in parse_completion(line, where, "last")[0]]
+    backend = tok.backend_tokenizer
+    n = sum(len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False))
+
+    def run() -> None:
+        for i in range(0, len(texts), CHUNK):
+            backend.encode_batch(texts[i : i + CHUNK], add_special_tokens=False)
+
+    return n, best_of(2, run)
+
+
+def stage(comp: Path, target: Path, out: Path, workers: int) -> tuple[dict, tuple[float, float]]:
+    params = TokenizeParams(workers=workers, max_len=100_000)
+    metrics: dict = {}
+
+    def run() -> None:
+        metrics.update(run_tokenize(comp, target, out / f"w{workers}", out / "m.json", out / "p.csv", params))
+
+    return metrics, best_of(2, run)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2000)
+    ap.add_argument("--quick", action="store_true", help="300 rows: about a minute on 2 busy cores")
+    ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
+    args = ap.parse_args()
+    rows = 300 if args.quick else args.rows
+    if not (args.tokenizer / "tokenizer_config.json").is_file():
+        sys.exit(f"no tokenizer at {args.tokenizer}; pass --tokenizer PATH (a Hugging Face tokenizer folder)")
+    logging.getLogger("draftline.tokenize").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        comp, target = write_inputs(tmp, rows, args.tokenizer)
+        n, (raw_w, raw_c) = raw_encode(comp, args.tokenizer)
+        metrics, (one_w, one_c) = stage(comp, target, tmp, 1)
+        _, (two_w, two_c) = stage(comp, target, tmp, 2)
+    assert metrics["total_tokens"] == n, "the stage and the raw tokenizer saw different texts"
+    print(f"rows {rows}, tokens {n} (mean {n / rows:.0f}/row), cores {os.cpu_count()}")
+    print("                            tokens/s (wall)   tokens/CPU-s")
+    print(f"raw encode_batch, 1 thread : {n / raw_w:12,.0f} {n / raw_c:14,.0f}")
+    print(f"stage, 1 worker            : {n / one_w:12,.0f} {n / one_c:14,.0f}   "
+          f"ratio to raw {raw_w / one_w:.2f} wall, {raw_c / one_c:.2f} CPU (target >= 0.80)")
+    print(f"stage, 2 workers           : {n / two_w:12,.0f} {n / two_c:14,.0f}   "
+          f"scaling 1 -> 2 workers x{one_w / two_w:.2f} wall; CPU per token x{two_c / one_c:.2f}")
+    print(f"bytes per token on disk    : {metrics['bytes_per_token']:.3f} (target <= 4.2)")
+
+
+if __name__ == "__main__":
+    main()
