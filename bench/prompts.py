@@ -21,7 +21,6 @@ import sys
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import random  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -105,14 +104,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         write_raw(rows_to_table(rows), tmp / "raw/bench")
-        (tmp / "target.json").write_text(json.dumps({"path": args.tokenizer}))
+        write_target({"path": args.tokenizer}, tmp / "target")
         t, cpu = time.perf_counter(), time.process_time()
         metrics = run_prompts(
             {"bench": {"path": "synthetic", "adapter": "infinity_instruct"}},
             {"turns": "first"},
             {"near": {"threshold": 0.8, "num_perm": 128, "ngram": 5}},
             {"total": n // 2, "unit": "samples", "seed": 0, "eval_per_source": 8},
-            raw_root=tmp / "raw", target_json=tmp / "target.json", out_dir=tmp / "prompts",
+            raw_root=tmp / "raw", target_dir=tmp / "target", out_dir=tmp / "prompts",
             metrics_path=tmp / "metrics.json", plots_path=tmp / "mix.csv",
         )
         stage_s, stage_cpu = time.perf_counter() - t, time.process_time() - cpu

@@ -12,6 +12,7 @@ from draftline.prompts import run_prompts
 from draftline.prompts.blend import BlendError
 from draftline.skips import SkipError
 from draftline.sources import rows_to_table, write_raw
+from draftline.target import load_target, load_tokenizer, write_target
 
 SOURCES = {
     "glaive": ("agent_glaive_toolcall_sharegpt", "agent"),
@@ -33,7 +34,7 @@ def env(datasets_dir: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.
     for name, (fixture, _) in SOURCES.items():
         rows = [json.loads(line) for line in (datasets_dir / f"{fixture}.jsonl").read_text().splitlines()]
         write_raw(rows_to_table(rows), root / "raw" / name)
-    (root / "target.json").write_text(json.dumps({"path": str(qwen3_tokenizer_dir)}))
+    write_target({"path": str(qwen3_tokenizer_dir)}, root / "target")
     return root
 
 
@@ -41,7 +42,7 @@ def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, sources=None):
     sources = sources or {name: {"path": f"x/{f}.jsonl", "adapter": a} for name, (f, a) in SOURCES.items()}
     o = env / out
     metrics = run_prompts(
-        sources, prompts, DEDUP, blend, raw_root=env / "raw", target_json=env / "target.json",
+        sources, prompts, DEDUP, blend, raw_root=env / "raw", target_dir=env / "target",
         out_dir=o / "prompts", metrics_path=o / "metrics.json", plots_path=o / "mix.csv",
     )
     return metrics, o
@@ -85,9 +86,7 @@ def test_unit_tokens_meets_total_within_one_row(env: Path) -> None:
     metrics, o = _run(env, "tok", {**BLEND, "unit": "tokens", "total": 15000})
     train = _rows(o / "prompts/train.jsonl")
     assert metrics["unit"] == "tokens" and metrics["requested_tokens"] == 15000
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(json.loads((env / "target.json").read_text())["path"], local_files_only=True)
+    tok = load_tokenizer(load_target(env / "target"))
     costs = [
         len(tok.apply_chat_template(r["messages"], tools=r["tools"], add_generation_prompt=True, tokenize=True, return_dict=False))
         + len(tok(r["reference"] or "", add_special_tokens=False)["input_ids"])

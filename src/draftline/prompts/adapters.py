@@ -144,13 +144,15 @@ def _tool_results(text: str, hermes: bool) -> list[Message]:
     return [{"role": "tool", "content": text}]
 
 
-def _merge_tools(a: list[Tool] | None, b: list[Tool] | None) -> list[Tool] | None:
-    if not a or not b:
-        return a or b
+def _read_tools(value: Any) -> list[Tool] | None:
     try:
-        return parse_tools(a + b)
+        return parse_tools(value)
     except ToolError as e:
         raise RowError("bad_tools", str(e)) from None
+
+
+def _merge_tools(a: list[Tool] | None, b: list[Tool] | None) -> list[Tool] | None:
+    return _read_tools(a + b) if a and b else a or b
 
 
 def _first(row: Mapping[str, Any], names: str | list[str]) -> Any:
@@ -186,10 +188,7 @@ def sharegpt(
         raise RowError("malformed", f"no list of turns in {messages_field}")
     role_map = {**SHAREGPT_ROLES, **(roles or {})}
     hermes = tool_markup == "hermes"
-    try:
-        tools = parse_tools(row.get(tools_field)) if tools_field else None
-    except ToolError as e:
-        raise RowError("bad_tools", str(e)) from None
+    tools = _read_tools(row.get(tools_field)) if tools_field else None
     messages: list[Message] = []
     media = 0
     for turn in turns:
@@ -298,10 +297,7 @@ def openai(
         found = [{"role": "user", "content": found}]
     if not isinstance(found, list):
         raise RowError("malformed", f"messages are a {type(found).__name__}")
-    try:
-        tools = parse_tools(_at(row, tools_path)) if tools_path else None
-    except ToolError as e:
-        raise RowError("bad_tools", str(e)) from None
+    tools = _read_tools(_at(row, tools_path)) if tools_path else None
     messages: list[Message] = []
     media = 0
     for m in found:

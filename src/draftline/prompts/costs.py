@@ -7,20 +7,10 @@ the dataset's own answer (``reference``) as a proxy for the completion the targe
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from draftline.records import PromptRecord
-
-
-def load_target_tokenizer(target_json: str | os.PathLike) -> Any:
-    """The tokenizer named by ``data/target/target.json`` (its ``path``), loaded offline."""
-    from transformers import AutoTokenizer
-
-    with open(target_json, encoding="utf-8") as f:
-        path = json.load(f)["path"]
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def _render(tokenizer: Any, messages: list, tools: list | None, generation_prompt: bool) -> str:

@@ -20,11 +20,12 @@ from draftline.logs import get_logger
 from draftline.records import PromptRecord
 from draftline.skips import Skips
 from draftline.sources import RAW_FILE
+from draftline.target import load_target, load_tokenizer
 
 from .adapters import RowError, iter_conversations, make_adapter
 from .blend import UNITS, BlendError, Pool, hash_rank, select, source_plan, split_eval
 from .canonical import TURNS, cut_prompt, user_text
-from .costs import load_target_tokenizer, token_costs
+from .costs import token_costs
 from .dedup import MinHasher, NearParams, exact_duplicates, near_duplicates, number_key, survivor_order
 from .report import SourceReport, build_metrics, format_table, plot_rows
 
@@ -136,7 +137,7 @@ def run_prompts(
     blend: Mapping[str, Any],
     *,
     raw_root: str | os.PathLike = "data/raw",
-    target_json: str | os.PathLike = "data/target/target.json",
+    target_dir: str | os.PathLike = "data/target",
     out_dir: str | os.PathLike = "data/prompts",
     metrics_path: str | os.PathLike = "metrics/prompts.json",
     plots_path: str | os.PathLike = "plots/prompts_mix.csv",
@@ -151,7 +152,7 @@ def run_prompts(
     by_source: dict[str, list[PromptRecord]] = {name: [] for name in order}
     for r in kept:
         by_source[r.source].append(r)
-    tokenizer = load_target_tokenizer(target_json)
+    tokenizer = load_tokenizer(load_target(target_dir))
     by_id = {r.id: r for r in kept}
     tokens: dict[str, int] = {}
 
