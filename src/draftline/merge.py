@@ -189,9 +189,9 @@ def dataset_stats(num_tokens: np.ndarray, num_loss: np.ndarray, sources: pa.Chun
 
 def _stats_of(tables: list[pa.Table]) -> dict[str, Any]:
     def col(name: str) -> np.ndarray:
-        return np.concatenate([t.column(name).to_numpy() for t in tables]) if tables else np.zeros(0, np.int32)
+        return np.concatenate([c.to_numpy() for t in tables for c in t.column(name).chunks] or [np.zeros(0, np.int32)])
 
-    sources = pa.chunked_array([t.column("source") for t in tables], type=pa.string())
+    sources = pa.chunked_array([c for t in tables for c in t.column("source").chunks], type=pa.string())
     return dataset_stats(col("num_tokens"), col("num_loss_tokens"), sources)
 
 
@@ -224,10 +224,23 @@ def _check_base_tokenizer(params: MergeParams, base: Part, new_meta: fmt.Dataset
     rng = np.random.default_rng(params.seed)
     k = min(params.check_rows, base.num_rows)
     picks = np.sort(rng.choice(base.num_rows, size=k, replace=False)) if k else np.zeros(0, np.int64)
-    rows = pa.concat_tables([t.select(["input_ids"]) for t in base.tables]).take(pa.array(picks, pa.int64()))
-    sample = [[int(x) for x in r] for r in rows.column("input_ids").to_pylist()]
-    result = reencode_check(load_tokenizer(info), sample, params.check_min_match, base.where) if k else {}
+    # Row by row: a take() over the whole memory-mapped column would first copy all of it into one chunk.
+    starts = np.cumsum([0] + [t.num_rows for t in base.tables])
+    sample = []
+    for i in picks:
+        t = int(np.searchsorted(starts, i, side="right")) - 1
+        sample.append(base.tables[t].column("input_ids")[int(i - starts[t])].as_py())
+    result = reencode_check(_backend_tokenizer(info), sample, params.check_min_match, base.where) if k else {}
     return {"tokenizer_claim": how, "reencode": result}
+
+
+def _backend_tokenizer(info: TargetInfo) -> Any:
+    """The target's Rust tokenizer, all the re-encode check needs: read straight from tokenizer.json where the
+    folder has one (a fraction of a second; wrapping it in transformers takes seconds), else via transformers."""
+    from tokenizers import Tokenizer
+
+    path = Path(info.path) / "tokenizer.json"
+    return Tokenizer.from_file(str(path)) if path.is_file() else load_tokenizer(info).backend_tokenizer
 
 
 def _write_shards(tmp: Path, base: Part | None, legacy_keys: list[str], new: Part, kept: pa.Table) -> tuple:

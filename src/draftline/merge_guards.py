@@ -205,21 +205,17 @@ def check_tokenizer_claim(
 def reencode_check(tokenizer: Any, rows: list[list[int]], min_match: float, where: str) -> dict[str, int]:
     """Decode each sampled row and re-encode the text: under the tokenizer that made them the ids come back.
 
-    Rows cut mid-character (truncated) or tokenized in pieces (legacy pipelines drift on ~2% of rows) may not
-    round-trip under the right tokenizer either, hence a match fraction rather than all; a wrong vocabulary
-    matches almost none.
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` (a fast tokenizer's ``backend_tokenizer``). Rows cut
+    mid-character (truncated) or tokenized in pieces (legacy pipelines drift on ~2% of rows) may not round-trip
+    under the right tokenizer either, hence a match fraction rather than all; a wrong vocabulary matches almost none.
     """
     if not rows:
         return {"checked": 0, "matched": 0}
-    vocab = len(tokenizer)
-    texts = [
-        tokenizer.decode(r, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        if max(r, default=0) < vocab
-        else None
-        for r in rows
-    ]
-    encoded = tokenizer([t or "" for t in texts], add_special_tokens=False)["input_ids"]
-    matched = sum(t is not None and list(e) == r for t, e, r in zip(texts, encoded, rows))
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    decodable = [max(r, default=0) < vocab for r in rows]
+    texts = tokenizer.decode_batch([r if ok else [] for r, ok in zip(rows, decodable)], skip_special_tokens=False)
+    encoded = tokenizer.encode_batch(texts, add_special_tokens=False)
+    matched = sum(ok and e.ids == r for ok, e, r in zip(decodable, encoded, rows))
     if matched < min_match * len(rows):
         raise MergeGuardError(
             f"the base {where}: only {matched} of {len(rows)} sampled rows decode and re-encode to the same ids "
