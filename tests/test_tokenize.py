@@ -186,17 +186,22 @@ def custom_template_tokenizer(qwen3_tokenizer_dir: Path, tmp_path: Path, templat
 
 
 @pytest.mark.parametrize(
-    "suffix,reason",
-    [("", "no_end_of_turn"), ("<|im_end|>\nEXTRA", "text_after_end_of_turn")],
+    "reply_end,generation_prompt,reason",
+    [
+        ("", "<|im_start|>assistant\n", "no_end_of_turn"),
+        ("<|im_end|>\nEXTRA", "<|im_start|>assistant\n", "text_after_end_of_turn"),
+        # The prompt ends inside a word of the reply: the token "Hello" would be half prompt, half reply.
+        ("<|im_end|>\n", "<|im_start|>assistant\nHel", "boundary_inside_token"),
+    ],
 )
-def test_templates_without_a_clean_end_of_turn_are_skipped(qwen3_tokenizer_dir, tmp_path, suffix, reason):
+def test_templates_without_a_clean_seam_or_end_are_skipped(qwen3_tokenizer_dir, tmp_path, reply_end, generation_prompt, reason):
     template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-        "{% if m.role != 'assistant' %}<|im_end|>\n{% else %}" + suffix + "{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        "{% if m.role != 'assistant' %}<|im_end|>\n{% else %}" + reply_end + "{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}" + generation_prompt + "{% endif %}"
     )
     tok = custom_template_tokenizer(qwen3_tokenizer_dir, tmp_path, template)
-    res, rows = build(tok, [ex([USER, {"role": "assistant", "content": "It is 5."}])])
+    res, rows = build(tok, [ex([USER, {"role": "assistant", "content": "Hello world."}])])
     assert rows == [] and [s[0] for s in res.skips] == [reason]
 
 
