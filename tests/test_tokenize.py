@@ -291,6 +291,9 @@ def test_stage_end_to_end_deterministic_and_worker_independent(qwen3_tokenizer_d
 
     ds = dataset_format.load(out1 / "tokenized")
     assert ds.cache_files and len(ds) == 36  # memory-mapped from the shard files
+    lengths = np.array(ds["num_tokens"])
+    assert m1["len_max"] == lengths.max() and m1["len_median"] == np.median(lengths)
+    assert m1["total_tokens"] == lengths.sum() and m1["loss_tokens"] == sum(ds["num_loss_tokens"])
     assert ds[0]["id"] == "p000" and ds[35]["id"] == "p035"  # input order kept
     meta = dataset_format.read_meta(out1 / "tokenized")
     assert meta.enable_thinking is True and meta.max_len == 512 and meta.num_rows == 36
@@ -350,6 +353,14 @@ def test_strict_stops_at_the_first_bad_line_and_writes_nothing(qwen3_tokenizer_d
     with pytest.raises(SkipError, match="part-00001.jsonl:1: invalid_json"):
         run(tmp_path, comp, target, "strict", workers=1, strict=True)
     assert not (tmp_path / "strict" / "tokenized").exists()
+
+
+def test_histogram_bins_cover_zero_to_max_len():
+    from draftline.tokenize import HISTOGRAM_BINS, histogram
+
+    rows = histogram(np.array([0, 47, 48, 3071, 3072]), 3072)
+    assert len(rows) == HISTOGRAM_BINS and rows[1]["seq_len"] == 48
+    assert [r["rows"] for r in rows if r["rows"]] == [2, 1, 2]
 
 
 def test_params_are_validated():

@@ -1,9 +1,9 @@
 """The ``tokenize`` stage: completions -> a ``datasets`` folder of ``input_ids`` + ``loss_mask`` (dataset_format).
 
-Reads ``data/completions/part-*.jsonl`` in file and line order, turns each completion into one row (``turns:
-last``) or one row per assistant turn (``turns: all``), and has ``workers`` processes render, tokenize and mask
-fixed-size chunks of them (:mod:`draftline.loss_mask`). Chunks are taken back in order, so the output is the
-same, byte for byte, whatever the number of workers.
+The main process reads ``data/completions/part-*.jsonl`` in file and line order, in fixed-size chunks of lines,
+and writes the shards; ``workers`` processes parse each chunk, turn every completion into one row (``turns: last``)
+or one row per assistant turn (``turns: all``), and render, tokenize and mask them (:mod:`draftline.loss_mask`).
+Chunks are taken back in order, so the output is the same, byte for byte, whatever the number of workers.
 """
 
 from __future__ import annotations
@@ -208,17 +208,18 @@ def length_stats(num_tokens: np.ndarray, num_loss: np.ndarray) -> dict[str, Any]
         "total_tokens": total,
         "loss_tokens": loss,
         "loss_coverage": round(loss / total, 6),
-        "mean_len": round(float(num_tokens.mean()), 3),
-        "median_len": float(np.median(num_tokens)),
-        "p90_len": float(np.percentile(num_tokens, 90)),
-        "max_len": int(num_tokens.max()),
+        "len_mean": round(float(num_tokens.mean()), 3),
+        "len_median": float(np.median(num_tokens)),
+        "len_p90": float(np.percentile(num_tokens, 90)),
+        "len_max": int(num_tokens.max()),
     }
 
 
 def histogram(num_tokens: np.ndarray, max_len: int) -> list[dict[str, int]]:
-    """Rows per length bin (``seq_len`` is the bin's lower edge) for ``dvc plots show``."""
+    """Rows per length bin (``seq_len`` is the bin's lower edge; the last bin holds ``max_len`` too)."""
     width = max(1, -(-max_len // HISTOGRAM_BINS))
-    counts = np.bincount(num_tokens // width, minlength=HISTOGRAM_BINS) if len(num_tokens) else np.zeros(HISTOGRAM_BINS)
+    bins = np.minimum(num_tokens // width, HISTOGRAM_BINS - 1)
+    counts = np.bincount(bins, minlength=HISTOGRAM_BINS) if len(num_tokens) else np.zeros(HISTOGRAM_BINS)
     return [{"seq_len": i * width, "rows": int(c)} for i, c in enumerate(counts)]
 
 
@@ -308,6 +309,6 @@ def run_tokenize(
             log.info(
                 "%-20s %8d rows %12d tokens  coverage %5.1f%%  length mean %.0f median %.0f p90 %.0f max %d",
                 name, st["samples"], st["total_tokens"], 100 * st["loss_coverage"],
-                st["mean_len"], st["median_len"], st["p90_len"], st["max_len"],
+                st["len_mean"], st["len_median"], st["len_p90"], st["len_max"],
             )  # fmt: skip
     return metrics
