@@ -199,7 +199,7 @@ def test_stats_match_the_rows(world):
     all_n = np.concatenate([base_n, kept_n])
     assert m["base"]["samples"] == 40 and m["base"]["total_tokens"] == int(base_n.sum())
     assert m["merged"]["total_tokens"] == int(all_n.sum())
-    assert m["merged"]["p90_len"] == pytest.approx(float(np.percentile(all_n, 90)))
+    assert m["merged"]["len_p90"] == pytest.approx(float(np.percentile(all_n, 90)))
     loss = int(base_rows.column("num_loss_tokens").to_numpy().sum() + new_rows.column("num_loss_tokens").to_numpy()[5:].sum())
     assert m["merged"]["loss_coverage"] == pytest.approx(loss / all_n.sum(), abs=1e-6)
     mix = m["merged"]["by_source"]

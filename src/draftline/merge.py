@@ -171,8 +171,8 @@ def dataset_stats(num_tokens: np.ndarray, num_loss: np.ndarray, sources: pa.Chun
     """Rows, tokens, loss-mask coverage and length percentiles, in total and by source (with each one's share)."""
     stats = length_stats(num_tokens, num_loss)
     if len(num_tokens):
-        stats["p10_len"] = float(np.percentile(num_tokens, 10))
-        stats["p99_len"] = float(np.percentile(num_tokens, 99))
+        stats["len_p10"] = float(np.percentile(num_tokens, 10))
+        stats["len_p99"] = float(np.percentile(num_tokens, 99))
     names = sorted(pc.unique(sources).to_pylist())
     codes = pc.index_in(sources, value_set=pa.array(names, pa.string())).to_numpy()
     total_rows, total_tokens = max(1, len(num_tokens)), max(1, int(num_tokens.sum()))
@@ -325,7 +325,7 @@ def run_merge(
         meta = fmt.DatasetMeta(**{k: getattr(new.meta, k) for k in fmt.COMPAT_FIELDS}, max_len=new.meta.max_len)
         base_stats = _stats_of(base_tables) if base is not None else None
         if base_stats:
-            meta.max_len = max(meta.max_len, base.meta.max_len if base.meta else base_stats.get("max_len", 0))
+            meta.max_len = max(meta.max_len, base.meta.max_len if base.meta else base_stats.get("len_max", 0))
         meta.set_shards(staged)
         fmt.write_meta(tmp, meta)
         np.save(tmp / ORDER_FILE, training_order(meta.num_rows, params.seed), allow_pickle=False)
