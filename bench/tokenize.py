@@ -9,7 +9,7 @@ Prints:
 - the stage with 2 workers, and the 1 -> 2 worker scaling;
 - bytes per token on disk.
 
-Each figure is the best of two runs, as wall-clock tokens/s and as tokens per CPU-second (this process plus its
+Each figure is the best of --rounds interleaved rounds, as wall-clock tokens/s and as tokens per CPU-second (this process plus its
 worker processes): on a machine shared with other jobs the wall-clock scaling understates what the stage does,
 and "CPU per token" (2 workers vs 1, ideally x1.0) shows the cost of the parallel machinery itself (each worker
 warms its own tokenizer cache). The main process's CPU share says how many workers one reader can feed.
@@ -112,19 +112,17 @@ def cpu_seconds() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
-def best_of(runs: int, fn) -> tuple[float, float, float]:
-    """(wall, cpu, cpu of this process alone) seconds of the fastest of ``runs`` calls."""
-    best = (float("inf"), float("inf"), float("inf"))
-    for _ in range(runs):
-        w0, (s0, k0) = time.perf_counter(), cpu_seconds()
-        fn()
-        s1, k1 = cpu_seconds()
-        best = min(best, (time.perf_counter() - w0, s1 - s0 + k1 - k0, s1 - s0))
-    return best
+def measure(fn) -> tuple[float, float, float]:
+    """(wall, cpu of this process and its workers, cpu of this process alone) seconds of one call."""
+    w0, (s0, k0) = time.perf_counter(), cpu_seconds()
+    fn()
+    s1, k1 = cpu_seconds()
+    return time.perf_counter() - w0, s1 - s0 + k1 - k0, s1 - s0
 
 
-def raw_encode(comp: Path, tok_dir: Path) -> tuple[int, tuple[float, float]]:
-    """encode_batch alone over the texts the stage renders (rendering not timed), one thread, stage-size chunks."""
+def raw_encoder(comp: Path, tok_dir: Path):
+    """``(tokens, run)``: ``run`` calls encode_batch alone over the texts the stage renders (rendering done
+    beforehand, not timed), in the stage's chunk size, on one thread."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
@@ -137,35 +135,41 @@ def raw_encode(comp: Path, tok_dir: Path) -> tuple[int, tuple[float, float]]:
         for i in range(0, len(texts), CHUNK):
             backend.encode_batch(texts[i : i + CHUNK], add_special_tokens=False)
 
-    return n, best_of(2, run)
+    return n, run
 
 
-def stage(comp: Path, target: Path, out: Path, workers: int) -> tuple[dict, tuple[float, float]]:
+def stage_runner(comp: Path, target: Path, out: Path, workers: int, metrics: dict):
     params = TokenizeParams(workers=workers, max_len=100_000)
-    metrics: dict = {}
 
     def run() -> None:
         metrics.update(run_tokenize(comp, target, out / f"w{workers}", out / "m.json", out / "p.csv", params))
 
-    return metrics, best_of(2, run)
+    return run
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=2000)
-    ap.add_argument("--quick", action="store_true", help="300 rows: about a minute on 2 busy cores")
+    ap.add_argument("--rows", type=int, default=1000)
+    ap.add_argument("--quick", action="store_true", help="600 rows: under a minute on an idle core")
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each figure is the best round")
     args = ap.parse_args()
-    rows = 300 if args.quick else args.rows
+    rows = 600 if args.quick else args.rows
     if not (args.tokenizer / "tokenizer_config.json").is_file():
         sys.exit(f"no tokenizer at {args.tokenizer}; pass --tokenizer PATH (a Hugging Face tokenizer folder)")
     logging.getLogger("draftline.tokenize").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         comp, target = write_inputs(tmp, rows, args.tokenizer)
-        n, (raw_w, raw_c, _) = raw_encode(comp, args.tokenizer)
-        metrics, (one_w, one_c, _) = stage(comp, target, tmp, 1)
-        _, (two_w, two_c, two_main) = stage(comp, target, tmp, 2)
+        n, raw = raw_encoder(comp, args.tokenizer)
+        metrics: dict = {}
+        runs = {"raw": raw, 1: stage_runner(comp, target, tmp, 1, metrics), 2: stage_runner(comp, target, tmp, 2, metrics)}
+        # Rounds interleave the three, and each keeps its best: load from other jobs hits all of them alike.
+        best = {k: (float("inf"),) * 3 for k in runs}
+        for _ in range(args.rounds):
+            for k, fn in runs.items():
+                best[k] = tuple(map(min, best[k], measure(fn)))
+    (raw_w, raw_c, _), (one_w, one_c, _), (two_w, two_c, two_main) = best["raw"], best[1], best[2]
     assert metrics["total_tokens"] == n, "the stage and the raw tokenizer saw different texts"
     print(f"rows {rows}, tokens {n} (mean {n / rows:.0f}/row), cores {os.cpu_count()}")
     print("                            tokens/s (wall)   tokens/CPU-s")
