@@ -13,19 +13,14 @@
 from __future__ import annotations
 
 import sys
-
-# bench/tokenize.py sits beside this script and would shadow the standard library's `tokenize` (imported by
-# asyncio through linecache): keep the script's folder off the import path.
-sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import multiprocessing as mp  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import tempfile
+import time
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))

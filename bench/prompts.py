@@ -15,28 +15,23 @@ from __future__ import annotations
 
 import os
 import sys
-
-# bench/tokenize.py sits beside this file and, with this folder first on sys.path, would shadow the standard
-# library's `tokenize`: drop the folder before importing anything else.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-import argparse  # noqa: E402
-import random  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from draftline.logs import get_logger  # noqa: E402
-from draftline.prompts import run_prompts  # noqa: E402
-from draftline.prompts.adapters import adapt_rows, make_adapter  # noqa: E402
-from draftline.prompts.canonical import cut_prompt, prompt_id, user_text  # noqa: E402
-from draftline.prompts.dedup import MinHasher, NearParams, exact_duplicates  # noqa: E402
-from draftline.skips import Skips  # noqa: E402
-from draftline.sources import rows_to_table, write_raw  # noqa: E402
+from draftline.logs import get_logger
+from draftline.prompts import run_prompts
+from draftline.prompts.adapters import adapt_rows, make_adapter
+from draftline.prompts.canonical import cut_prompt, prompt_id, user_text
+from draftline.prompts.dedup import MinHasher, NearParams, exact_duplicates
+from draftline.skips import Skips
+from draftline.sources import rows_to_table, write_raw
 
 REPO = Path(__file__).resolve().parents[1]
 

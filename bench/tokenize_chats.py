@@ -1,6 +1,6 @@
 """Benchmark of the tokenize stage against the raw fast tokenizer, measured side by side in one run.
 
-    python bench/tokenize.py [--quick] [--rows N] [--tokenizer PATH]
+    python bench/tokenize_chats.py [--quick] [--rows N] [--tokenizer PATH]
 
 Prints:
 - raw: ``tokenizer.backend_tokenizer.encode_batch`` over the stage's own rendered texts, one thread;
@@ -22,30 +22,24 @@ from __future__ import annotations
 
 import os
 import sys
-
-# Run as a script, this file's folder is first on sys.path and its name would shadow the standard library's
-# `tokenize` (which dataclasses, inspect and linecache import): drop that folder before importing anything else.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import random  # noqa: E402
-import resource  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import logging
+import random
+import resource
+import tempfile
+import time
+from pathlib import Path
 
 # One thread per process on both sides: the comparison is per core.
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from draftline.fingerprint import template_sha256, tokenizer_fingerprint  # noqa: E402
-from draftline.loss_mask import render  # noqa: E402
-from draftline.records import TargetInfo, dumps  # noqa: E402
-from draftline.tokenize import TokenizeParams, parse_completion, read_lines, run_tokenize  # noqa: E402
+from draftline.fingerprint import template_sha256, tokenizer_fingerprint
+from draftline.loss_mask import render
+from draftline.records import TargetInfo, dumps
+from draftline.tokenize import TokenizeParams, parse_completion, read_lines, run_tokenize
 
 REPO = Path(__file__).resolve().parents[1]
 CHUNK = TokenizeParams().chunk_rows
