@@ -48,3 +48,68 @@ def qwen3_alt_tokenizer_dir(shared_dir: Path, tmp_path_factory: pytest.TempPathF
         return d
 
     return make
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def tiny_conversations(n: int = 60) -> list:
+    """Small patterned chats with every shape the chat template renders: system turns, multi-turn, reasoning,
+    tools, tool calls and tool results, Chinese. Enough for the tiny embedded target of the tests."""
+    from draftline.records import Conversation
+
+    cities = ["Paris", "Oslo", "Lima", "Cairo", "Delhi"]
+    out = []
+    for i in range(n):
+        a, b, city = i % 9 + 1, i % 7 + 2, cities[i % len(cities)]
+        kind = i % 4
+        if kind == 0:
+            msgs = [{"role": "user", "content": f"What is {a} plus {b}?"},
+                    {"role": "assistant", "content": f"{a} plus {b} is {a + b}.",
+                     "reasoning_content": f"Add {a} and {b}: {a + b}."}]
+        elif kind == 1:
+            msgs = [{"role": "system", "content": "You are a concise assistant."},
+                    {"role": "user", "content": f"Name a fact about {city}."},
+                    {"role": "assistant", "content": f"{city} is a city with {a} museums."},
+                    {"role": "user", "content": "用中文说一遍。"},
+                    {"role": "assistant", "content": f"{city}有{a}座博物馆。"}]
+        elif kind == 2:
+            msgs = [{"role": "user", "content": f"Weather in {city}?"},
+                    {"role": "assistant", "content": "",
+                     "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}]},
+                    {"role": "tool", "content": f'{{"city": "{city}", "temp_c": {a + 10}}}'},
+                    {"role": "assistant", "content": f"It is {a + 10} degrees in {city}."}]
+        else:
+            msgs = [{"role": "user", "content": f"Write a Python function that returns {a} times x."},
+                    {"role": "assistant", "content": f"```python\ndef times_{a}(x):\n    return {a} * x\n```"}]
+        out.append(Conversation(source=f"tiny{kind}", row=i, messages=msgs, tools=[WEATHER_TOOL] if kind == 2 else None))
+    return out
+
+
+# Tiny settings: the build takes seconds; 4 layers because the drafter taps several target layers.
+TINY_TARGET_PARAMS = {
+    "path": "embedded",
+    "seed": 0,
+    "embedded": {
+        "vocab_size": 600, "num_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+        "num_kv_heads": 2, "max_position_embeddings": 1024, "seq_len": 128, "batch_size": 8, "steps": 100,
+        "lr": 3e-3, "warmup_steps": 10, "threads": 1, "greedy_samples": 1, "greedy_tokens": 8,
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def embedded_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny embedded target built once per session: the folder holding target.json (``load_target(it)``)."""
+    from draftline.target import write_target
+
+    folder = tmp_path_factory.mktemp("embedded") / "target"
+    write_target(TINY_TARGET_PARAMS, folder, tiny_conversations())
+    return folder
