@@ -305,3 +305,22 @@ def test_embedded_template_features(embedded_target):
 
     earlier = tok.apply_chat_template(CHATS[0][0], tokenize=False)
     assert "two and two" not in earlier and "<think>\nthree and three\n</think>\n\n6" in earlier
+
+
+def test_a_conversation_the_template_cannot_render_is_skipped_and_counted():
+    import logging
+
+    from draftline.embedded_tokenizer import render_corpus
+    from draftline.skips import SkipError, Skips
+
+    good = tiny_conversations(3)
+    # tool_calls that are not a list: the template raises on this one conversation.
+    bad = Conversation(source="tiny", row=99, messages=[
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": 5},
+    ])
+    skips = Skips(logging.getLogger("test"))
+    rendered = list(render_corpus([good[0], bad, *good[1:]], skips))
+    assert [c.row for c, _ in rendered] == [c.row for c in good]
+    assert skips.as_dict() == {"render_error": 1}
+    with pytest.raises(SkipError, match="tiny row 99"):
+        list(render_corpus([bad], Skips(logging.getLogger("test"), strict=True)))
