@@ -27,6 +27,7 @@ from draftline.logs import get_logger
 from draftline.loss_mask import OVERFLOW_MODES, ChunkResult, Example, MaskBuilder
 from draftline.records import CompletionRecord, TargetInfo
 from draftline.skips import Skips
+from draftline.stats import length_stats
 
 log = get_logger(__name__)
 
@@ -197,22 +198,6 @@ def tokenize_chunks(
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
-
-
-def length_stats(num_tokens: np.ndarray, num_loss: np.ndarray) -> dict[str, Any]:
-    total, loss = int(num_tokens.sum()), int(num_loss.sum())
-    if not len(num_tokens):
-        return {"samples": 0, "total_tokens": 0, "loss_tokens": 0}
-    return {
-        "samples": len(num_tokens),
-        "total_tokens": total,
-        "loss_tokens": loss,
-        "loss_coverage": round(loss / total, 6),
-        "len_mean": round(float(num_tokens.mean()), 3),
-        "len_median": float(np.median(num_tokens)),
-        "len_p90": float(np.percentile(num_tokens, 90)),
-        "len_max": int(num_tokens.max()),
-    }
 
 
 def histogram(num_tokens: np.ndarray, max_len: int) -> list[dict[str, int]]:
