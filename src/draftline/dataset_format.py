@@ -277,11 +277,14 @@ def folder_fingerprint(folder: str | os.PathLike, filenames: list[str]) -> str:
     return h.hexdigest()
 
 
-def write_folder_index(folder: str | os.PathLike, filenames: list[str]) -> None:
-    """Write ``state.json`` and ``dataset_info.json`` so ``datasets.load_from_disk`` reads these shards, in order."""
+def write_folder_index(folder: str | os.PathLike, filenames: list[str], fingerprint: str | None = None) -> None:
+    """Write ``state.json`` and ``dataset_info.json`` so ``datasets.load_from_disk`` reads these shards, in order.
+
+    ``fingerprint`` replaces :func:`folder_fingerprint` (a merge derives one from its base's, so as not to read
+    the carried shards again)."""
     state = {
         "_data_files": [{"filename": f} for f in filenames],
-        "_fingerprint": folder_fingerprint(folder, filenames),
+        "_fingerprint": fingerprint or folder_fingerprint(folder, filenames),
         "_format_columns": None,
         "_format_kwargs": {},
         "_format_type": None,
