@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import shutil
+import stat
+import subprocess
+import tempfile
 from pathlib import Path
 
 import datasets
@@ -20,6 +25,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from draftline import dataset_format as fmt
 from draftline.fingerprint import tokenizer_fingerprint, template_sha256
 from draftline.merge import ORDER_FILE, MergeParams, load_training_set, run_merge
+from draftline.merge_carry import dvc_cache_types, hardlink_is_safe
 from draftline.merge_guards import PROMPT_KEY_PREFIX, MergeGuardError
 from draftline.records import TargetInfo
 
@@ -343,3 +349,108 @@ def test_real_qwen3_tokenizer_guard(tmp_path, qwen3_tokenizer_dir, tok_dir):
     write_legacy(bad, make_rows(tok_dir, [f"x{i}" for i in range(30)], seed=4, words=40))
     with pytest.raises(MergeGuardError, match="re-encode"):
         merge(tmp_path, base=str(bad), assume_same_tokenizer=True)
+
+
+# ---------------------------------------------------------------------------------------------- carrying shards
+
+
+def carried_pairs(root: Path) -> list[tuple[Path, Path]]:
+    """(base shard, merged shard) for each carried base shard."""
+    base, out = root / "data/bases/r1", root / "data/merged"
+    return list(zip([base / f for f in fmt.shard_files(base)], [out / f for f in fmt.shard_files(out)]))
+
+
+def reflinks_work(folder: Path) -> bool:
+    """Whether ``folder``'s filesystem clones files: asked of cp, independently of the code under test."""
+    (folder / "probe").write_bytes(b"x" * 4096)
+    ok = subprocess.run(["cp", "--reflink=always", folder / "probe", folder / "probe2"], capture_output=True).returncode == 0
+    for name in ("probe", "probe2"):
+        (folder / name).unlink(missing_ok=True)
+    return ok
+
+
+@pytest.mark.parametrize("mode", ["copy", "hardlink", "auto"])
+def test_carry_modes_keep_base_shards_byte_identical_and_read_only(world, mode):
+    root, *_ = world
+    before = file_hashes(root / "data/bases/r1")
+    m = merge(root, base=str(root / "data/bases/r1"), carry=mode)
+    pairs = carried_pairs(root)
+    assert all(b.read_bytes() == o.read_bytes() for b, o in pairs)
+    linked = [os.path.samefile(b, o) for b, o in pairs]
+    # tmp_path is in no DVC repository, so auto may link: a reflink where the filesystem clones, else a hardlink.
+    want = {"copy": "copy", "hardlink": "hardlink", "auto": "reflink" if reflinks_work(root) else "hardlink"}[mode]
+    assert m["carried_by"] == want
+    assert all(linked) if want == "hardlink" else not any(linked)
+    out = root / "data/merged"
+    assert all(stat.S_IMODE((out / f).stat().st_mode) == 0o444 for f in fmt.shard_files(out))
+    if os.geteuid() != 0:  # root ignores file modes
+        with pytest.raises(PermissionError):
+            open(pairs[0][1], "r+b")
+    # Writers replace files (temporary name, then rename): a base shard replaced leaves the merged one intact.
+    merged_bytes = pairs[0][1].read_bytes()
+    tmp = pairs[0][0].with_suffix(".tmp")
+    tmp.write_bytes(b"another version")
+    os.replace(tmp, pairs[0][0])
+    assert pairs[0][1].read_bytes() == merged_bytes
+    assert before[pairs[1][0].name] == file_hashes(root / "data/bases/r1")[pairs[1][0].name]
+
+
+def test_carry_reflink_is_refused_clearly_where_the_filesystem_has_none(world):
+    root, *_ = world
+    if reflinks_work(root):
+        m = merge(root, base=str(root / "data/bases/r1"), carry="reflink")
+        assert m["carried_by"] == "reflink" and not any(os.path.samefile(b, o) for b, o in carried_pairs(root))
+    else:
+        with pytest.raises(OSError, match="merge.carry: reflink"):
+            merge(root, base=str(root / "data/bases/r1"), carry="reflink")
+        assert not (root / "data/merged").exists()
+
+
+def test_auto_never_links_to_a_dvc_cache_that_links_the_workspace(world):
+    """Where DVC's cache.type hardlinks or symlinks, the base's files are cache objects: auto copies them."""
+    root, *_ = world
+    (root / ".dvc").mkdir()
+    (root / ".dvc/config").write_text("[cache]\n    type = hardlink,copy\n", encoding="utf-8")
+    assert dvc_cache_types(root / "data/merged") == ["hardlink", "copy"]
+    assert not hardlink_is_safe(root / "data/merged")
+    m = merge(root, base=str(root / "data/bases/r1"))
+    assert m["carried_by"] in ("reflink", "copy") and not any(os.path.samefile(b, o) for b, o in carried_pairs(root))
+    # DVC's default (reflink, copy): the cache holds its own copies, so a hardlink is safe.
+    (root / ".dvc/config").write_text("", encoding="utf-8")
+    assert dvc_cache_types(root / "data/merged") == ["reflink", "copy"] and hardlink_is_safe(root / "data/merged")
+    assert merge(root, base=str(root / "data/bases/r1"))["carried_by"] in ("reflink", "hardlink")
+
+
+def test_hardlink_across_filesystems_falls_back_to_a_copy(world):
+    root, *_ = world
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or shm.stat().st_dev == root.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's tmp_path")
+    elsewhere = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        shutil.copytree(root / "data/bases/r1", elsewhere / "r1")
+        m = merge(root, base=str(elsewhere / "r1"))
+        assert m["carried_by"] == "copy" and m["base_shards_carried"] > 0
+        with pytest.raises(OSError, match="merge.carry: hardlink"):
+            merge(root, base=str(elsewhere / "r1"), carry="hardlink")
+    finally:
+        shutil.rmtree(elsewhere)
+
+
+def test_refused_by_the_reencode_check_after_staging_publishes_nothing(world, tmp_path_factory):
+    """The re-encode check runs while the shards are staged; its refusal discards them, links and all."""
+    root, info, _, _ = world
+    other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380, seed=7)
+    # A draftline.json that claims the target's tokenizer over rows of another: only the re-encode check can tell.
+    liar = root / "data/bases/liar"
+    write_tokenized(liar, make_rows(other_dir, [f"o{i}" for i in range(30)], seed=3, words=40), info)
+    modes = {f: stat.S_IMODE((liar / f).stat().st_mode) for f in fmt.shard_files(liar)}
+    with pytest.raises(MergeGuardError, match="re-encode"):
+        merge(root, base=str(liar), carry="hardlink")
+    assert not (root / "data/merged").exists() and not list(root.glob("data/.merged*"))
+    assert {f: stat.S_IMODE((liar / f).stat().st_mode) for f in fmt.shard_files(liar)} == modes
+
+
+def test_unknown_carry_mode_is_an_error():
+    with pytest.raises(ValueError, match="merge.carry"):
+        MergeParams.from_params({"carry": "symlink"})

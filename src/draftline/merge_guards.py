@@ -202,24 +202,18 @@ def check_tokenizer_claim(
     )
 
 
-def reencode_check(tokenizer: Any, rows: list[list[int]], min_match: float, where: str) -> dict[str, int]:
-    """Decode each sampled row and re-encode the text: under the tokenizer that made them the ids come back.
+def check_reencoded(matched: int, checked: int, min_match: float, where: str) -> dict[str, int]:
+    """Judge the re-encode check (:mod:`draftline.reencode`): ``matched`` of ``checked`` sampled base rows
+    decoded and re-encoded to the same ids under the target's tokenizer.
 
-    ``tokenizer`` is a ``tokenizers.Tokenizer`` (a fast tokenizer's ``backend_tokenizer``). Rows cut
-    mid-character (truncated) or tokenized in pieces (legacy pipelines drift on ~2% of rows) may not round-trip
-    under the right tokenizer either, hence a match fraction rather than all; a wrong vocabulary matches almost none.
+    Rows cut mid-character (truncated) or tokenized in pieces (legacy pipelines drift on ~2% of rows) may not
+    round-trip under the right tokenizer either, hence a match fraction rather than all; a wrong vocabulary
+    matches almost none.
     """
-    if not rows:
-        return {"checked": 0, "matched": 0}
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-    decodable = [max(r, default=0) < vocab for r in rows]
-    texts = tokenizer.decode_batch([r if ok else [] for r, ok in zip(rows, decodable)], skip_special_tokens=False)
-    encoded = tokenizer.encode_batch(texts, add_special_tokens=False)
-    matched = sum(ok and e.ids == r for ok, e, r in zip(decodable, encoded, rows))
-    if matched < min_match * len(rows):
+    if matched < min_match * checked:
         raise MergeGuardError(
-            f"the base {where}: only {matched} of {len(rows)} sampled rows decode and re-encode to the same ids "
+            f"the base {where}: only {matched} of {checked} sampled rows decode and re-encode to the same ids "
             f"under the target's tokenizer (merge.check_min_match is {min_match}): the base was made with another "
             "tokenizer; re-tokenize it with the target instead of merging it"
         )
-    return {"checked": len(rows), "matched": matched}
+    return {"checked": checked, "matched": matched}
