@@ -3,11 +3,14 @@
 Proves what docs/merge.md ("Backup and rollback") promises: a second ``dvc repro`` does nothing; the cache grows
 by the new data alone when a round extends the previous merged set; ``git checkout HEAD~1 && dvc checkout``
 restores the previous ``data/merged`` byte-identical; ``dvc push`` / ``dvc pull`` to a local remote restore a
-deleted cache.
+deleted cache. And that carrying the base by hardlink (``merge.carry: auto`` under DVC's default cache.type) is
+safe: DVC's cache keeps intact copies, and DVC replaces workspace files rather than writing into them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -53,6 +56,14 @@ def sh(cwd: Path, *args: str) -> str:
 
 def cache_bytes(repo: Path) -> int:
     return sum(p.stat().st_size for p in (repo / ".dvc/cache").rglob("*") if p.is_file())
+
+
+def cache_is_intact(repo: Path) -> bool:
+    """Every DVC cache object still holds the bytes its name (their md5) says."""
+    objects = [p for p in (repo / ".dvc/cache/files/md5").rglob("*") if p.is_file()]
+    return bool(objects) and all(
+        hashlib.md5(p.read_bytes()).hexdigest() == p.parent.name + p.name.removesuffix(".dir") for p in objects
+    )
 
 
 def set_params(repo: Path, **merge) -> None:
@@ -102,6 +113,12 @@ def test_versions_rollback_and_remote(tmp_path: Path):
     new_bytes = sum((repo / "data/merged" / f).stat().st_size for f in fmt.shard_files(repo / "data/merged")[n_base:])
     # The base's shards are already in the cache: it grows by the new shards, the order and small metadata.
     assert new_bytes <= growth <= 1.1 * new_bytes, (growth, new_bytes)
+    carried_by = json.loads((repo / "metrics/merge.json").read_text())["carried_by"]
+    assert carried_by in ("reflink", "hardlink")  # auto, under DVC's default cache.type (reflink, copy)
+    # DVC's commit replaced hardlinked outputs by copies of its own: the cache is intact, nothing links the base.
+    merged_files = [repo / "data/merged" / f for f in fmt.shard_files(repo / "data/merged")]
+    assert all(f.stat().st_nlink == 1 for f in merged_files)
+    assert cache_is_intact(repo)
 
     # Rollback: the previous commit's data/merged comes back byte-identical, then the new one again.
     sh(repo, "git", "checkout", "-q", "HEAD~1")
@@ -110,6 +127,22 @@ def test_versions_rollback_and_remote(tmp_path: Path):
     sh(repo, "git", "checkout", "-q", "-")
     sh(repo, DVC, "checkout", "-f")
     assert file_hashes(repo / "data/merged") == v2
+
+    # The stage run outside DVC leaves the base's shards hardlinked into data/merged. Checking out another
+    # data/merged replaces those files (DVC never writes into one): the base and the cache stay intact.
+    base_v2 = file_hashes(repo / "data/bases/r1")
+    sh(repo, sys.executable, "stages/merge.py")
+    assert file_hashes(repo / "data/merged") == v2
+    if carried_by == "hardlink":
+        assert sum(f.stat().st_nlink == 2 for f in merged_files) == n_base
+    sh(repo, "git", "checkout", "-q", "HEAD~1", "--", "dvc.lock")
+    sh(repo, DVC, "checkout", "-f", "data/merged")
+    assert file_hashes(repo / "data/merged") == v1
+    assert file_hashes(repo / "data/bases/r1") == base_v2 and cache_is_intact(repo)
+    sh(repo, "git", "checkout", "-q", "HEAD", "--", "dvc.lock")
+    sh(repo, DVC, "checkout", "-f")
+    assert file_hashes(repo / "data/merged") == v2
+    assert "up to date" in sh(repo, DVC, "status").lower()
 
     # Backup: push to a local remote, lose the cache and the workspace copy, pull them back.
     sh(repo, DVC, "remote", "add", "-d", "backup", str(tmp_path / "remote"))
