@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-import sys
 import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import os
+import sys
 import tempfile
 import time
 from pathlib import Path

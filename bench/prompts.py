@@ -13,9 +13,8 @@ Prints, each with its target:
 
 from __future__ import annotations
 
-import os
-import sys
 import argparse
+import os
 import random
 import tempfile
 import time
@@ -32,6 +31,7 @@ from draftline.prompts.canonical import cut_prompt, prompt_id, user_text
 from draftline.prompts.dedup import MinHasher, NearParams, exact_duplicates
 from draftline.skips import Skips
 from draftline.sources import rows_to_table, write_raw
+from draftline.target import write_target
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,13 +20,13 @@ tokenizer from ../shared/fixtures by default. On a machine shared with other job
 
 from __future__ import annotations
 
-import os
-import sys
 import argparse
 import json
 import logging
+import os
 import random
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path

@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import drafter_support as S
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import drafter_support as S
 from draftline.drafter.memory import MemoryPlanError, Shapes, preflight
 from draftline.drafter.trainer import TrainConfig, train
 

@@ -26,6 +26,7 @@ from draftline.records import PromptRecord
 from draftline.skips import Skips
 from draftline.target import describe_target
 
+
 def prompt(i: int, source: str, text: str, tools=None) -> PromptRecord:
     return PromptRecord(id=f"{source}-{i}", source=source, row=i, messages=[{"role": "user", "content": text}], tools=tools)
 

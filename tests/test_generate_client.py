@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+
 import pytest
 from sglang_server import FakeSGLang, reply_for
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from draftline import dataset_format
-from draftline.loss_mask import Example, MaskBuilder
 from draftline.fingerprint import template_sha256, tokenizer_fingerprint
+from draftline.loss_mask import Example, MaskBuilder
 from draftline.records import TargetInfo, dumps
 from draftline.tokenize import TokenizeParams, run_tokenize
 

@@ -16,16 +16,22 @@ import math
 import time
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from draftline.embedded_tokenizer import EOS, PAD, render_corpus, train_tokenizer
 from draftline.logs import get_logger
+from draftline.params import check_keys
 from draftline.records import Conversation
 from draftline.skips import Skips
 
@@ -55,10 +61,7 @@ class EmbeddedSpec:
 
     @classmethod
     def from_params(cls, embedded: dict[str, Any], seed: int) -> "EmbeddedSpec":
-        known = {f.name for f in fields(cls)} - {"seed"}
-        unknown = set(embedded) - known
-        if unknown:
-            raise ValueError(f"target.embedded has unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+        check_keys(embedded, cls, "target.embedded", exclude=("seed",))
         spec = cls(seed=seed, **embedded)
         if spec.num_layers < 4:
             raise ValueError("target.embedded.num_layers must be >= 4: the drafter taps several target layers")

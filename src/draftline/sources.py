@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from draftline.files import atomic_path, iter_jsonl, write_json
 from draftline.logs import get_logger
+from draftline.params import check_keys
 from draftline.skips import Skips
 
 log = get_logger(__name__)
@@ -57,10 +58,7 @@ class SourceSpec:
 
     @classmethod
     def from_params(cls, name: str, params: dict[str, Any]) -> "SourceSpec":
-        known = {f.name for f in fields(cls)} - {"name"}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"sources.{name}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+        check_keys(params, cls, f"sources.{name}", exclude=("name",))
         if "adapter" not in params:
             raise ValueError(f"sources.{name}: set `adapter` (how the prompt stage reads its rows)")
         if (params.get("hf") is None) == (params.get("path") is None):

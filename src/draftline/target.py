@@ -23,14 +23,16 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from draftline.embedded_target import EmbeddedBuild, EmbeddedSpec, build_embedded_target
 from draftline.files import atomic_path, write_csv, write_json, write_jsonl
-from draftline.fingerprint import model_fingerprint, tokenizer_fingerprint, template_sha256
+from draftline.fingerprint import model_fingerprint, template_sha256, tokenizer_fingerprint
 from draftline.logs import get_logger
 from draftline.records import Conversation, TargetInfo
 from draftline.skips import Skips
+
+if TYPE_CHECKING:
+    from draftline.embedded_target import EmbeddedBuild
 
 log = get_logger("target")
 
@@ -233,6 +235,9 @@ def write_target(
     with atomic_path(target_dir) as tmp:
         tmp.mkdir()
         if path == EMBEDDED:
+            # Imported here: torch costs every other stage seconds at start-up, and only this build needs it.
+            from draftline.embedded_target import EmbeddedSpec, build_embedded_target
+
             spec = EmbeddedSpec.from_params(params.get("embedded") or {}, seed=int(params.get("seed", 0)))
             build = build_embedded_target(conversations, tmp / MODEL_DIR, spec, skips or Skips(log))
             info = describe_target(tmp / MODEL_DIR, mask_token_id, hash_weights, embedded=True)

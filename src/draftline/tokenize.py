@@ -13,7 +13,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from draftline.dataset_format import MAX_SHARD_BYTES, DatasetMeta, write_dataset
 from draftline.files import write_csv, write_json
 from draftline.logs import get_logger
 from draftline.loss_mask import OVERFLOW_MODES, ChunkResult, Example, MaskBuilder
+from draftline.params import check_keys
 from draftline.records import CompletionRecord, TargetInfo
 from draftline.skips import Skips
 from draftline.stats import length_stats
@@ -49,10 +50,7 @@ class TokenizeParams:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "TokenizeParams":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"params.yaml: tokenize has unknown key(s) {unknown}; known: {sorted(known)}")
+        check_keys(params, cls, "tokenize")
         p = cls(**params)
         if p.turns not in TURN_MODES:
             raise ValueError(f"tokenize.turns must be one of {TURN_MODES}, not {p.turns!r}")

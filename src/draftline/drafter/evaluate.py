@@ -20,10 +20,17 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftline.drafter.model import DFlashDrafter
-from draftline.drafter.speculative import DFlashProposer, Generation, Proposer, greedy_generate, speculative_generate
+from draftline.drafter.speculative import (
+    DFlashProposer,
+    Generation,
+    Proposer,
+    greedy_generate,
+    speculative_generate,
+)
 from draftline.files import iter_jsonl, write_csv, write_json
 from draftline.generate.local import render_prompt as render_chat_prompt
 from draftline.logs import get_logger
+from draftline.params import check_keys
 from draftline.records import PromptRecord, TargetInfo
 from draftline.skips import Skips
 from draftline.target import load_model, load_target, load_tokenizer
@@ -49,9 +56,7 @@ class EvalParams:
 
     @classmethod
     def from_params(cls, evaluate: dict[str, Any], enable_thinking: bool) -> "EvalParams":
-        unknown = sorted(set(evaluate) - set(cls.__dataclass_fields__) - {"enable_thinking"})
-        if unknown:
-            raise KeyError(f"unknown evaluate params {unknown}; see docs/evaluate.md for the keys")
+        check_keys(evaluate, cls, "evaluate", exclude=("enable_thinking",))
         return cls(**{k: v for k, v in evaluate.items() if k != "enable_thinking"}, enable_thinking=enable_thinking)
 
 

@@ -13,12 +13,11 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import datasets
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -27,13 +26,20 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from draftline.drafter.checkpoint import CACHE_ROOT, folder_digest, load_latest, run_key, save_state
+from draftline.drafter.checkpoint import (
+    CACHE_ROOT,
+    folder_digest,
+    load_latest,
+    run_key,
+    save_state,
+)
 from draftline.drafter.data import BatchPlan, collate
 from draftline.drafter.memory import Preflight, Shapes, preflight
 from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
 from draftline.drafter.objective import dflash_loss
 from draftline.files import write_csv, write_json
 from draftline.logs import get_logger
+from draftline.params import check_keys
 from draftline.records import TargetInfo
 from draftline.skips import Skips
 
@@ -70,10 +76,7 @@ class TrainConfig:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise KeyError(f"unknown train params {unknown}; known: {sorted(known)}")
+        check_keys(params, cls, "train")
         return cls(**params)
 
 

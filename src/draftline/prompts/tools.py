@@ -12,9 +12,8 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any
-
 from functools import lru_cache
+from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
