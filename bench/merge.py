@@ -2,13 +2,15 @@
 
 Builds a base of 1M rows and 200K new rows (1% of them repeating base prompts) of synthetic but genuine token
 ids (real texts encoded by the target tokenizer, so the re-encode guard runs on real data), then prints, measured
-side by side in this run:
+side by side in this run (repetitions alternate, medians reported):
 
   merge time / time to write the new shards alone          (target <= 1.5)
+    for merge.carry auto (a reflink, or here on ext4 a hardlink) and for copy (what a base costs when it
+    must be copied: it grows with the base, not with the new data)
   DVC cache growth from the merge / the new shards' bytes  (target <= 1.1)
 
-The merge time includes carrying the base's shards; on a filesystem without reflinks (ext4) that is a full
-copy, so the carry time is printed separately too. ``--scale 0.05`` runs in a minute or two.
+Each timed step starts after ``os.sync()``, so none pays for the previous one's disk writeback. ``--scale 0.05``
+runs in a minute or two.
 
     python bench/merge.py --scale 0.05
 """
@@ -26,6 +28,7 @@ import argparse  # noqa: E402
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,7 +45,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from draftline import dataset_format as fmt  # noqa: E402
 from draftline.files import write_json  # noqa: E402
-from draftline.merge import MergeParams, carry_file, run_merge  # noqa: E402
+from draftline.merge import MergeParams, run_merge  # noqa: E402
 from draftline.target import describe_target  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,10 +89,14 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def timed(fn) -> float:
-    t = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (this process and the children it waited for, e.g. the re-encode check)."""
+    def cpu() -> float:
+        return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+    t, c = time.perf_counter(), cpu()
     fn()
-    return time.perf_counter() - t
+    return time.perf_counter() - t, cpu() - c
 
 
 def main() -> None:
@@ -129,29 +136,32 @@ def main() -> None:
         # The new rows the merge keeps, in memory, for the baseline: write them as a dataset of their own.
         new_table = fmt.load(work / "tokenized").data.table
         kept = new_table.filter(pc.invert(pc.is_in(new_table.column("id"), value_set=pa.array(new_ids[:repeat]))))
-        params = MergeParams(base=str(work / "bases/r1"))
 
         def write_new() -> None:
             fmt.write_dataset(work / "new_only", [kept], replace(meta))
 
-        def merge() -> None:
-            run_merge(params, work / "tokenized", work / "target", work / "merged", work / "metrics.json")
+        def merge(name: str, **params) -> None:
+            params = MergeParams(base=str(work / "bases/r1"), **params)
+            run_merge(params, work / "tokenized", work / "target", work / f"merged-{name}", work / f"m-{name}.json")
 
-        modes = set()
-
-        def carry() -> None:
-            (work / "carry").mkdir(exist_ok=True)
-            for f in fmt.shard_files(work / "bases/r1"):
-                modes.add(carry_file(work / "bases/r1" / f, work / "carry" / f))
-
-        t_new, t_merge, t_carry = [], [], []
+        steps = {
+            "write the new shards alone": write_new,
+            "merge, carry auto": lambda: merge("auto"),
+            "merge, carry auto, check_rows 0": lambda: merge("nocheck", check_rows=0),
+            "merge, carry copy": lambda: merge("copy", carry="copy"),
+        }
+        runs: dict[str, list[tuple[float, float]]] = {k: [] for k in steps}
         for _ in range(args.reps):
-            t_new.append(timed(write_new))
-            t_merge.append(timed(merge))
-            t_carry.append(timed(carry))
-            shutil.rmtree(work / "carry")
-        t_new, t_merge, t_carry = (statistics.median(x) for x in (t_new, t_merge, t_carry))
-        metrics = json.loads((work / "metrics.json").read_text())
+            for name, step in steps.items():
+                os.sync()
+                runs[name].append(timed(step))
+        wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+        cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+        metrics = json.loads((work / "m-auto.json").read_text())
+        carried_by = metrics["carried_by"]
+        (work / "merged-auto").rename(work / "merged")
+        for name in ("nocheck", "copy"):
+            shutil.rmtree(work / f"merged-{name}")
 
         # DVC: the base is tracked first (as it is in a project); then the merged output.
         dvc = str(Path(sys.executable).with_name("dvc"))
@@ -168,10 +178,13 @@ def main() -> None:
         print(f"base: {n_base:,} rows, {base_meta.num_tokens:,} tokens, {base_bytes / 1e9:.2f} GB in {len(base_meta.shards)} shards")
         print(f"new: {n_new:,} rows, {metrics['overlap']['dropped']:,} dropped as already in the base; "
               f"new shards {new_bytes / 1e6:.1f} MB")  # fmt: skip
-        print(f"write the new shards alone: {t_new:.2f} s   merge: {t_merge:.2f} s   "
-              f"(of which carrying the base by {'/'.join(sorted(modes))}: ~{t_carry:.2f} s)")  # fmt: skip
-        print(f"merge time / new-shard write time = {t_merge / t_new:.2f}   (target <= 1.5)")
-        print(f"  without the base copy (a reflink filesystem) = {(t_merge - t_carry) / t_new:.2f}")
+        base_wall = wall["write the new shards alone"]
+        print(f"medians of {args.reps} alternating runs (carry auto did: {carried_by}; cpu includes child processes):")
+        for name in steps:
+            print(f"  {name:32s} wall {wall[name]:6.2f} s   cpu {cpu[name]:6.2f} s   "
+                  f"wall / new-shard write {wall[name] / base_wall:5.2f}   all walls: "
+                  + " ".join(f"{w:.2f}" for w, _ in runs[name]))  # fmt: skip
+        print(f"merge time / new-shard write time = {wall['merge, carry auto'] / base_wall:.2f}   (target <= 1.5)")
         print(f"DVC cache growth / new data bytes = {growth / new_bytes:.3f}   (target <= 1.1; "
               f"{growth / 1e6:.1f} MB for {new_bytes / 1e6:.1f} MB)")  # fmt: skip
     finally:
