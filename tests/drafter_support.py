@@ -36,7 +36,7 @@ def make_target(root: Path) -> Path:
         path=str(model_dir), tokenizer_fingerprint="test", chat_template_sha256="test", eos_token="<eos>",
         eos_token_id=VOCAB - 2, pad_token_id=0, end_of_turn_token="<eos>", end_of_turn_token_id=VOCAB - 2,
         think_start_token=None, think_end_token=None, mask_token_id=MASK_ID, vocab_size=VOCAB,
-        num_hidden_layers=LAYERS, hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS, hidden_size=HIDDEN, model_fingerprint="test",
     )
     path = root / "data" / "target" / "target.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ def paths(root: Path):
     from draftline.drafter.trainer import Paths
 
     return Paths(
-        merged=root / "data" / "merged", target_json=root / "data" / "target" / "target.json",
+        merged=root / "data" / "merged", target_dir=root / "data" / "target",
         checkpoint=root / "data" / "checkpoints", metrics=root / "metrics" / "train.json",
         plot=root / "plots" / "train_loss.csv", cache_root=root / ".draftline" / "cache" / "train",
     )

@@ -7,7 +7,6 @@ GPUs, gloo on CPU). Rank 0 alone writes the checkpoint, metrics, plots and resum
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -24,7 +23,6 @@ import torch.distributed as dist
 import xxhash
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM
 
 from draftline.drafter.checkpoint import (
     CACHE_ROOT,
@@ -42,6 +40,7 @@ from draftline.logs import get_logger
 from draftline.params import check_keys
 from draftline.records import TargetInfo
 from draftline.skips import Skips
+from draftline.target import load_model, load_target
 
 log = get_logger(__name__)
 
@@ -80,10 +79,12 @@ class TrainConfig:
         return cls(**params)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Paths:
+    """Where the train stage reads and writes (the defaults are the pipeline's; tests point them elsewhere)."""
+
     merged: Path = Path("data/merged")
-    target_json: Path = Path("data/target/target.json")
+    target_dir: Path = Path("data/target")
     checkpoint: Path = Path("data/checkpoints")
     metrics: Path = Path("metrics/train.json")
     plot: Path = Path("plots/train_loss.csv")
@@ -125,12 +126,10 @@ def _setup_dist(cfg: TrainConfig) -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), device)
 
 
-def load_target(info: TargetInfo, device: torch.device, bf16: bool) -> torch.nn.Module:
+def load_frozen_target(info: TargetInfo, device: torch.device, bf16: bool) -> torch.nn.Module:
     """The frozen target, in bf16 on an accelerator that supports it (fp32 on CPU: bf16 matmuls are slow there)."""
     dtype = torch.bfloat16 if bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    target = AutoModelForCausalLM.from_pretrained(info.path, local_files_only=True, dtype=dtype).to(device)
-    target.requires_grad_(False)
-    return target.eval()
+    return load_model(info, dtype=dtype, device=device).requires_grad_(False)
 
 
 def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
@@ -184,7 +183,7 @@ def train(cfg: TrainConfig, paths: Paths = Paths(), load: Loader | None = None) 
 
 
 def _train(cfg: TrainConfig, paths: Paths, d: Dist, load: Loader) -> dict[str, Any]:
-    info = TargetInfo.from_dict(json.loads(paths.target_json.read_text(encoding="utf-8")))
+    info = load_target(paths.target_dir)
     dataset, order = load(paths.merged)
     skips = Skips(log, strict=cfg.strict)
     plan = BatchPlan(
@@ -193,7 +192,7 @@ def _train(cfg: TrainConfig, paths: Paths, d: Dist, load: Loader) -> dict[str, A
     )
     steps_total = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.epochs * plan.steps_per_epoch))
 
-    target = load_target(info, d.device, cfg.bf16)
+    target = load_frozen_target(info, d.device, cfg.bf16)
     n_target = target.config.get_text_config().num_hidden_layers
     layer_ids = (
         list(cfg.target_layers) if isinstance(cfg.target_layers, list)
