@@ -23,7 +23,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from draftline import dataset_format as fmt
-from draftline.fingerprint import tokenizer_fingerprint, template_sha256
+from draftline.fingerprint import template_sha256, tokenizer_fingerprint
 from draftline.merge import ORDER_FILE, MergeParams, load_training_set, run_merge
 from draftline.merge_carry import dvc_cache_types, hardlink_is_safe
 from draftline.merge_guards import PROMPT_KEY_PREFIX, MergeGuardError

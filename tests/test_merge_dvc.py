@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_merge import file_hashes, make_rows, train_tokenizer, write_target, write_tokenized
 
 from draftline import dataset_format as fmt
 from draftline.merge import load_training_set
-from test_merge import file_hashes, make_rows, train_tokenizer, write_target, write_tokenized
 
 REPO = Path(__file__).resolve().parents[1]
 DVC = str(Path(sys.executable).with_name("dvc"))

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from draftline.merge_guards import (
     plan_casts,
     prompt_keys,
 )
+from draftline.params import check_keys
 from draftline.records import TargetInfo
 from draftline.reencode import count_round_trips, start_check
 from draftline.stats import Sources, mix_stats
@@ -75,10 +76,7 @@ class MergeParams:
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> "MergeParams":
         params = params or {}
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"params.yaml: merge has unknown key(s) {unknown}; known: {sorted(known)}")
+        check_keys(params, cls, "merge")
         p = cls(**params)
         if p.check_rows < 0 or not 0.0 <= p.check_min_match <= 1.0:
             raise ValueError("merge.check_rows must be >= 0 and merge.check_min_match in [0, 1]")

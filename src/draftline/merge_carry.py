@@ -40,7 +40,16 @@ CARRY_MODES = ("auto", "reflink", "hardlink", "copy")
 # Linux ioctl that clones a file's extents (copy-on-write) on btrfs, XFS and other reflink filesystems.
 _FICLONE = 0x40049409
 # What a link that the filesystem (or its owner rules) refuses raises; anything else is a real error.
-_UNSUPPORTED = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS}
+_UNSUPPORTED = {
+    errno.EXDEV,
+    errno.EPERM,
+    errno.EACCES,
+    errno.EMLINK,
+    errno.ENOTSUP,
+    errno.ENOTTY,
+    errno.EINVAL,
+    errno.ENOSYS,
+}
 # DVC's cache.type when its config sets none (dvc_data.hashfile.db.HashFileDB.DEFAULT_CACHE_TYPES).
 DVC_DEFAULT_CACHE_TYPES = ["reflink", "copy"]
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
