@@ -36,6 +36,19 @@ def test_build_table_columns_and_counts():
         df.build_table(["a"], ["s"], np.array([0, 3]), np.array([1, 2]), np.array([1, 0], bool))
 
 
+def test_counts_per_row_with_empty_rows_anywhere():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 5, size=200)
+    lengths[:3] = 0
+    lengths[-2:] = 0
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    mask = rng.random(offsets[-1]) < 0.5
+    table = df.build_table([str(i) for i in range(200)], ["s"] * 200, offsets, np.arange(offsets[-1]), mask)
+    assert table.column("num_tokens").to_pylist() == lengths.tolist()
+    expected = [int(mask[offsets[i] : offsets[i + 1]].sum()) for i in range(200)]
+    assert table.column("num_loss_tokens").to_pylist() == expected
+
+
 def test_shards_limit_determinism_and_memory_mapped_load(tmp_path):
     table = rows(600)
     limit = 60_000
