@@ -129,7 +129,7 @@ def test_evaluate_stage_is_lossless_with_an_untrained_drafter(tiny_target_dir, t
 
 
 def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path):
-    with pytest.raises(KeyError, match="max_new_token"):
+    with pytest.raises(ValueError, match="max_new_token"):
         EvalParams.from_params({"max_new_token": 5}, enable_thinking=False)
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")

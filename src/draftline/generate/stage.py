@@ -98,7 +98,7 @@ def prefix_group(p: PromptRecord) -> str:
     return hashlib.sha256(dumps([lead, p.tools]).encode("utf-8")).hexdigest()
 
 
-class Conversation:
+class Regeneration:
     """One prompt being regenerated turn by turn; ``take`` returns the journal entry once it has ended."""
 
     def __init__(self, prompt: PromptRecord, thinking: bool, prior: dict[str, Any] | None = None):
@@ -208,7 +208,7 @@ async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str
 
     async def converse(p: PromptRecord) -> None:
         nonlocal sent
-        conv = Conversation(p, s["enable_thinking"], prior.get(p.id))
+        conv = Regeneration(p, s["enable_thinking"], prior.get(p.id))
         entry = None
         while entry is None:
             body = {**base, "messages": conv.next_request()}
@@ -254,7 +254,7 @@ def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: dict[s
         batch = ordered[start : start + size]
         if not any(p.id in pending_ids for p in batch):
             continue
-        convs = [Conversation(p, s["enable_thinking"]) for p in batch]
+        convs = [Regeneration(p, s["enable_thinking"]) for p in batch]
         ended: dict[str, dict[str, Any]] = {}
         while active := [c for c in convs if c.prompt.id not in ended]:
             results = backend.generate([(c.next_request(), c.prompt.tools) for c in active])
