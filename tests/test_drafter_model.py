@@ -103,3 +103,21 @@ def test_unbound_drafter_says_what_to_do(pair):
     bare = DFlashDrafter(drafter.config)
     with pytest.raises(RuntimeError, match="bind"):
         bare.embed(torch.tensor([[1]]))
+
+
+def test_features_are_raw_layer_outputs_and_the_last_layer_is_refused(pair):
+    """hidden_states[i + 1] is layer i's own output for i < L-1; transformers norms the last entry, so L-1 is refused."""
+    target, _, ids, _ = pair
+    outputs = []
+    hooks = [layer.register_forward_hook(lambda m, i, o: outputs.append(o[0] if isinstance(o, tuple) else o))
+             for layer in target.model.layers]
+    try:
+        with torch.no_grad():
+            hs = target(ids, output_hidden_states=True).hidden_states
+    finally:
+        for h in hooks:
+            h.remove()
+    for i in range(len(outputs) - 1):
+        torch.testing.assert_close(target_features(hs, [i]), outputs[i])
+    with pytest.raises(ValueError, match="last layer"):
+        make_config(target.config, num_layers=1, block_size=4, mask_token_id=127, target_layer_ids=[1, 5])

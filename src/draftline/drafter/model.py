@@ -93,6 +93,12 @@ def make_config(
     bad = [i for i in target_layer_ids if not 0 <= i < n_target]
     if bad:
         raise ValueError(f"target_layer_ids {bad} are outside the target's {n_target} layers")
+    if n_target - 1 in target_layer_ids:
+        # transformers reports the last layer's output after the final norm (hidden_states[L] is normed), and
+        # servers capture raw layer outputs: the drafter would be served other features than it trained on.
+        raise ValueError(
+            f"target_layer_ids may not include the last layer ({n_target - 1}): use layers up to {n_target - 2}"
+        )
     shared = {k: getattr(text, k) for k in _SHARED_FIELDS if getattr(text, k, None) is not None}
     shared.setdefault("head_dim", text.hidden_size // text.num_attention_heads)
     return Qwen3Config(
@@ -127,7 +133,8 @@ def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int
     """Concatenate the outputs of the chosen target layers: ``[b, n, len(layer_ids) * hidden]``.
 
     ``hidden_states`` is what ``output_hidden_states=True`` returns: index 0 is the embedding output, so
-    layer ``i``'s output is at ``i + 1``.
+    layer ``i``'s output is at ``i + 1``, for every layer but the last (its entry is after the final norm,
+    which is why :func:`make_config` refuses it).
     """
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
