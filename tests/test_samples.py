@@ -85,7 +85,9 @@ def test_duplicates_are_where_the_manifest_says():
 def test_metamathqa_variants_differ_only_in_numbers():
     ls, q = lines("metamathqa"), QUIRKS["metamathqa"]["quirks"]["numbers_only_variant"]
     assert len(q) >= 10
-    digits = lambda s: re.sub(r"\d+", "#", s)
+    def digits(s: str) -> str:
+        return re.sub(r"\d+", "#", s)
+
     for line, of in q:
         a, b = json.loads(ls[line - 1]), json.loads(ls[of - 1])
         assert a["type"] in ("GSM_SV", "GSM_FOBAR") and a["query"] != b["query"]
