@@ -25,7 +25,8 @@ SHRINK = {
     "target": {"embedded": {"num_layers": 4, "hidden_size": 128, "intermediate_size": 384, "steps": 120}},
     "blend": {"total": 160, "eval_per_source": 2},
     "generate": {"max_tokens": 48},
-    "train": {"max_steps": 40, "save_every": 20},
+    # The shrunk target has 4 layers: tap [1, 2] (never the last).
+    "train": {"max_steps": 40, "save_every": 20, "target_layers": [1, 2]},
     "evaluate": {"max_prompts_per_source": 1, "max_new_tokens": 24},
 }
 ALL_STAGES = {"target", "prompts", "generate", "tokenize", "merge", "train", "evaluate"}
