@@ -8,10 +8,8 @@ from draftline.params import load_params
 
 if __name__ == "__main__":
     p = load_params("evaluate", "generate")
-    if "enable_thinking" not in (p["generate"] or {}):
-        raise SystemExit("params.yaml: generate.enable_thinking is missing; evaluate renders prompts in that mode")
     run_evaluate(
-        EvalParams.from_params(p["evaluate"] or {}, enable_thinking=bool(p["generate"]["enable_thinking"])),
+        EvalParams.from_params(p["evaluate"] or {}, p["generate"] or {}),
         target_dir="data/target",
         checkpoint="data/checkpoints",
         prompts_path="data/prompts/eval.jsonl",

@@ -130,7 +130,9 @@ def test_evaluate_stage_is_lossless_with_an_untrained_drafter(tiny_target_dir, t
 
 def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path):
     with pytest.raises(ValueError, match="max_new_token"):
-        EvalParams.from_params({"max_new_token": 5}, enable_thinking=False)
+        EvalParams.from_params({"max_new_token": 5}, {"enable_thinking": False})
+    with pytest.raises(ValueError, match="generate.enable_thinking"):
+        EvalParams.from_params({}, {})
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
     with pytest.raises(FileNotFoundError, match="run the train stage"):

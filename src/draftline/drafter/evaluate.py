@@ -55,9 +55,13 @@ class EvalParams:
     enable_thinking: bool = False
 
     @classmethod
-    def from_params(cls, evaluate: dict[str, Any], enable_thinking: bool) -> "EvalParams":
+    def from_params(cls, evaluate: dict[str, Any], generate: dict[str, Any]) -> "EvalParams":
+        """``evaluate`` section, and the thinking mode the prompts were generated in (never a default: a mismatch
+        would silently lower tau)."""
         check_keys(evaluate, cls, "evaluate", exclude=("enable_thinking",))
-        return cls(**{k: v for k, v in evaluate.items() if k != "enable_thinking"}, enable_thinking=enable_thinking)
+        if "enable_thinking" not in generate:
+            raise ValueError("params.yaml: generate.enable_thinking is missing; evaluate renders prompts in that mode")
+        return cls(**evaluate, enable_thinking=bool(generate["enable_thinking"]))
 
 
 @dataclass
