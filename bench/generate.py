@@ -62,9 +62,11 @@ def bench_client(n: int, slots: int, latency: float, concurrency: int) -> None:
     import socket
     import urllib.request
 
+    from draftline.core.params import load_section
+    from draftline.core.records import PromptRecord
     from draftline.generate.journal import Journal
-    from draftline.generate.stage import Progress, generate_remote, settings
-    from draftline.records import PromptRecord
+    from draftline.generate.params import GenerateParams
+    from draftline.generate.stage import Progress, generate_remote
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,7 +81,9 @@ def bench_client(n: int, slots: int, latency: float, concurrency: int) -> None:
                             messages=[{"role": "system", "content": "You are helpful."},
                                       {"role": "user", "content": f"Question {i}: " + "word " * 200}])
                for i in range(n)]
-    s = settings({"backend": "sglang", "endpoints": [url], "concurrency": concurrency, "retries": 2})
+    defaults = load_section("generate", REPO / "params.yaml")
+    s = GenerateParams.parse({**defaults, "backend": "sglang", "endpoints": [url], "concurrency": concurrency,
+                              "retries": 2}, "generate")
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(tmp)
         progress = Progress(n)
@@ -100,8 +104,8 @@ def bench_client(n: int, slots: int, latency: float, concurrency: int) -> None:
 
 
 def bench_local(n: int, target_dir: Path, max_tokens: int = 64) -> None:
+    from draftline.core.target import load_target
     from draftline.generate.local import LocalBackend
-    from draftline.target import load_target
 
     if not (target_dir / "target.json").exists():
         print(f"local: {target_dir}/target.json not found; build the embedded target first: dvc repro target")

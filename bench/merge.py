@@ -43,10 +43,11 @@ import pyarrow.compute as pc
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from draftline import dataset_format as fmt  # noqa: E402
-from draftline.files import write_json  # noqa: E402
-from draftline.merge import MergeParams, run_merge  # noqa: E402
-from draftline.target import describe_target  # noqa: E402
+from draftline.core import dataset as fmt  # noqa: E402
+from draftline.core.files import write_json  # noqa: E402
+from draftline.core.params import load_section  # noqa: E402
+from draftline.merge.stage import MergeParams, run_merge  # noqa: E402
+from draftline.target.describe import describe_target  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = ["infinity_instruct", "webinstructsub", "codefeedback", "metamathqa", "hermes_fc", "agent", "http_traces"]
@@ -141,7 +142,8 @@ def main() -> None:
             fmt.write_dataset(work / "new_only", [kept], replace(meta))
 
         def merge(name: str, **params) -> None:
-            params = MergeParams(base=str(work / "bases/r1"), **params)
+            defaults = load_section("merge", REPO / "params.yaml")
+            params = MergeParams.parse({**defaults, "base": str(work / "bases/r1"), **params}, "merge")
             run_merge(params, work / "tokenized", work / "target", work / f"merged-{name}", work / f"m-{name}.json")
 
         steps = {

@@ -24,14 +24,18 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from draftline.logs import get_logger
-from draftline.prompts import run_prompts
-from draftline.prompts.adapters import adapt_rows, make_adapter
+from draftline.conversations.adapters import adapt_rows, make_adapter
+from draftline.conversations.stage import ConversationsParams, run_conversations
+from draftline.core.logs import get_logger
+from draftline.core.params import load_section
+from draftline.core.raw import rows_to_table, write_raw
+from draftline.core.skips import Skips
+from draftline.core.source_spec import SourceSpec
+from draftline.prompts.blend import BlendParams
 from draftline.prompts.canonical import cut_prompt, prompt_id, user_text
-from draftline.prompts.dedup import MinHasher, NearParams, exact_duplicates
-from draftline.skips import Skips
-from draftline.sources import rows_to_table, write_raw
-from draftline.target import write_target
+from draftline.prompts.dedup import DedupParams, MinHasher, exact_duplicates
+from draftline.prompts.stage import PromptsParams, run_prompts
+from draftline.target.stage import TargetParams, write_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,6 +62,11 @@ def rate(n: int, seconds: float) -> str:
     return f"{n / seconds:,.0f} prompts/s"
 
 
+def params(section: str):
+    """A section of the repository's params.yaml (the defaults), as a dict to override."""
+    return load_section(section, REPO / "params.yaml")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200_000, help="synthetic prompts (default 200000)")
@@ -69,8 +78,8 @@ def main() -> None:
     print(f"{n} synthetic prompts, mean user text {sum(len(r['conversations'][-2]['value']) for r in rows) / n:,.0f} chars")
 
     skips = Skips(get_logger("bench"))
-    convs = list(adapt_rows("bench", enumerate(rows), make_adapter("infinity_instruct"), skips))
-    records = [cut_prompt(c) for c in convs]
+    convs = list(adapt_rows("bench", enumerate(rows), make_adapter("infinity_instruct", None, "drop"), skips))
+    records = [cut_prompt(c, "first") for c in convs]
 
     t = time.process_time()
     ids = [prompt_id(r.messages, r.tools) for r in records]
@@ -78,7 +87,8 @@ def main() -> None:
     exact_s = time.process_time() - t
     print(f"exact dedup:     {rate(n, exact_s):>18}  ({len(dropped)} dropped)   target >= 9,000/s/core")
 
-    hasher = MinHasher(NearParams())
+    dedup = DedupParams.parse({**params("dedup"), "priority": []}, "dedup")
+    hasher = MinHasher(dedup.near)
     texts = [user_text(r) for r in records]
     t = time.process_time()
     sigs = hasher.signatures([hasher.shingles(x, True) for x in texts])
@@ -99,14 +109,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         write_raw(rows_to_table(rows), tmp / "raw/bench")
-        write_target({"path": args.tokenizer}, tmp / "target")
+        write_target(TargetParams.parse({**params("target"), "path": args.tokenizer}, "target"), tmp / "target")
+        dedup = DedupParams.parse({**params("dedup"), "priority": [], "near": {**params("dedup")["near"],
+                                                                                "exact_numbers": []}}, "dedup")
+        blend = BlendParams.parse({**params("blend"), "total": n // 2, "sources": {}}, "blend")
+        spec = SourceSpec.parse({"path": "synthetic", "adapter": "infinity_instruct"}, "sources.bench")
+        # Adapting (the conversations stage) and the prompt stage together: what one stage did before.
         t, cpu = time.perf_counter(), time.process_time()
+        run_conversations("bench", spec, ConversationsParams.load("conversations", REPO / "params.yaml"),
+                          tmp / "raw", tmp / "conversations", tmp / "m")
         metrics = run_prompts(
-            {"bench": {"path": "synthetic", "adapter": "infinity_instruct"}},
-            {"turns": "first"},
-            {"near": {"threshold": 0.8, "num_perm": 128, "ngram": 5}},
-            {"total": n // 2, "unit": "samples", "seed": 0, "eval_per_source": 8},
-            raw_root=tmp / "raw", target_dir=tmp / "target", out_dir=tmp / "prompts",
+            ["bench"], PromptsParams.load("prompts", REPO / "params.yaml"), dedup, blend, False,
+            conversations_root=tmp / "conversations", target_dir=tmp / "target", out_dir=tmp / "prompts",
             metrics_path=tmp / "metrics.json", plots_path=tmp / "mix.csv",
         )
         stage_s, stage_cpu = time.perf_counter() - t, time.process_time() - cpu

@@ -36,13 +36,17 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from draftline.fingerprint import template_sha256, tokenizer_fingerprint
-from draftline.loss_mask import render
-from draftline.records import TargetInfo, dumps
-from draftline.tokenize import TokenizeParams, parse_completion, read_lines, run_tokenize
+from draftline.core.fingerprint import template_sha256, tokenizer_fingerprint
+from draftline.core.params import load_section
+from draftline.core.records import TargetInfo, dumps
+from draftline.tokenize.chunks import parse_completion, read_lines
+from draftline.tokenize.loss_mask import render_example
+from draftline.tokenize.params import TokenizeParams
+from draftline.tokenize.stage import run_tokenize
 
 REPO = Path(__file__).resolve().parents[1]
-CHUNK = TokenizeParams().chunk_rows
+DEFAULTS = load_section("tokenize", REPO / "params.yaml")
+CHUNK = DEFAULTS["chunk_rows"]
 DEFAULT_TOKENIZER = REPO.parent / "shared" / "fixtures" / "qwen3-tokenizer"
 WORDS = (
     "the of and to in is that for it as with was on be by this are or from at which an but not have has we can "
@@ -121,7 +125,7 @@ def raw_encoder(comp: Path, tok_dir: Path):
 
     tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     lines = read_lines([comp / "part-00000.jsonl"])
-    texts = [render(tok, ex)[1] for where, line in lines for ex in parse_completion(line, where, "last")[0]]
+    texts = [render_example(tok, ex)[1] for where, line in lines for ex in parse_completion(line, where, "last")[0]]
     backend = tok.backend_tokenizer
     n = sum(len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False))
 
@@ -133,7 +137,7 @@ def raw_encoder(comp: Path, tok_dir: Path):
 
 
 def stage_runner(comp: Path, target: Path, out: Path, workers: int, metrics: dict):
-    params = TokenizeParams(workers=workers, max_len=100_000)
+    params = TokenizeParams.parse({**DEFAULTS, "workers": workers, "max_len": 100_000}, "tokenize")
 
     def run() -> None:
         metrics.update(run_tokenize(comp, target, out / f"w{workers}", out / "m.json", out / "p.csv", params))
@@ -151,7 +155,7 @@ def main() -> None:
     rows = 600 if args.quick else args.rows
     if not (args.tokenizer / "tokenizer_config.json").is_file():
         sys.exit(f"no tokenizer at {args.tokenizer}; pass --tokenizer PATH (a Hugging Face tokenizer folder)")
-    logging.getLogger("draftline.tokenize").setLevel(logging.WARNING)
+    logging.getLogger("draftline.tokenize.stage").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         comp, target = write_inputs(tmp, rows, args.tokenizer)

@@ -1,15 +1,13 @@
-"""DVC stage `evaluate`: python stages/evaluate.py (reads params.yaml: evaluate, generate.enable_thinking).
+"""DVC stage `evaluate`: python stages/evaluate.py (reads params.yaml: evaluate).
 
-The prompts are rendered in the thinking mode they were generated in, so the stage reads that one generate key.
+The prompts are rendered in the thinking mode of the drafter's training data, which its checkpoint records.
 """
 
-from draftline.drafter.evaluate import EvalParams, run_evaluate
-from draftline.params import load_params
+from draftline.evaluate.stage import EvalParams, run_evaluate
 
 if __name__ == "__main__":
-    p = load_params("evaluate", "generate")
     run_evaluate(
-        EvalParams.from_params(p["evaluate"] or {}, p["generate"] or {}),
+        EvalParams.load("evaluate"),
         target_dir="data/target",
         checkpoint="data/checkpoints",
         prompts_path="data/prompts/eval.jsonl",

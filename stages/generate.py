@@ -1,7 +1,7 @@
-"""DVC stage `generate`: data/prompts/train.jsonl + data/target -> data/completions, metrics/generate.json."""
+"""DVC stage `generate`: data/prompts/train.jsonl + data/target -> data/completions (reads params.yaml: generate)."""
 
-from draftline.generate import run_generate
-from draftline.params import load_params
+from draftline.generate.params import GenerateParams
+from draftline.generate.stage import run_generate
 
 if __name__ == "__main__":
-    run_generate(load_params("generate")["generate"])
+    run_generate(GenerateParams.load("generate"))

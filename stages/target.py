@@ -1,8 +1,6 @@
-"""DVC stage `target`: python stages/target.py (reads params.yaml: target, and sources for the embedded corpus)."""
+"""DVC stage `target`: python stages/target.py (reads params.yaml: target)."""
 
-from draftline.params import load_params
-from draftline.target import run_target
+from draftline.target.stage import TargetParams, run_target
 
 if __name__ == "__main__":
-    params = load_params("target", "sources")
-    run_target(params["target"], params["sources"])
+    run_target(TargetParams.load("target"))

@@ -1,8 +1,8 @@
 """DVC stage `train`: data/merged + data/target -> data/checkpoints (a DFlash drafter), metrics/train.json,
-plots/train_loss.csv. See docs/train.md."""
+plots/train_loss.csv (reads params.yaml: train). See docs/train.md."""
 
-from draftline.drafter.trainer import main
-from draftline.params import load_params
+from draftline.train.params import TrainParams
+from draftline.train.stage import run_train
 
 if __name__ == "__main__":
-    main(load_params("train")["train"])
+    run_train(TrainParams.load("train"))

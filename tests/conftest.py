@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -14,6 +17,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+
+
+def default_params(section: str, **overrides: Any) -> Any:
+    """A section of the repository's params.yaml (the only place defaults live), with top-level keys replaced and
+    nested ones merged: ``default_params("generate", max_tokens=8, local={"batch_size": 2})``."""
+    values = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))[section])
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(values.get(key), dict):
+            values[key] = {**values[key], **value}
+        else:
+            values[key] = value
+    return values
+
+
+def parsed(cls: Any, section: str, **overrides: Any) -> Any:
+    """``cls.parse`` of :func:`default_params`: the params object a stage script would build."""
+    return cls.parse(default_params(section, **overrides), section)
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +83,7 @@ WEATHER_TOOL = {
 def tiny_conversations(n: int = 60) -> list:
     """Small patterned chats with every shape the chat template renders: system turns, multi-turn, reasoning,
     tools, tool calls and tool results, Chinese. Enough for the tiny embedded target of the tests."""
-    from draftline.records import Conversation
+    from draftline.core.records import Conversation
 
     cities = ["Paris", "Oslo", "Lima", "Cairo", "Delhi"]
     out = []
@@ -96,6 +116,8 @@ def tiny_conversations(n: int = 60) -> list:
 # Tiny settings: the build takes seconds; 4 layers because the drafter taps several target layers.
 TINY_TARGET_PARAMS = {
     "path": "embedded",
+    "mask_token_id": None,
+    "hash_weights": True,
     "seed": 0,
     "embedded": {
         "vocab_size": 600, "num_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
@@ -108,8 +130,8 @@ TINY_TARGET_PARAMS = {
 @pytest.fixture(scope="session")
 def embedded_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny embedded target built once per session: the folder holding target.json (``load_target(it)``)."""
-    from draftline.target import write_target
+    from draftline.target.stage import TargetParams, write_target
 
     folder = tmp_path_factory.mktemp("embedded") / "target"
-    write_target(TINY_TARGET_PARAMS, folder, tiny_conversations())
+    write_target(TargetParams.parse(TINY_TARGET_PARAMS, "target"), folder, tiny_conversations())
     return folder

@@ -11,7 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-import datasets
 import numpy as np
 import torch
 
@@ -19,11 +18,20 @@ VOCAB, HIDDEN, LAYERS = 256, 64, 6
 MASK_ID = VOCAB - 1
 
 
+def lineage(info=None, enable_thinking: bool | None = False) -> dict:
+    """A drafter config's ``draftline`` lineage: the data of ``info``'s target (or a stand-in for model tests)."""
+    if info is None:
+        return {"tokenizer_fingerprint": "test", "chat_template_sha256": "test", "enable_thinking": enable_thinking,
+                "mask_token_id": MASK_ID}
+    return {"tokenizer_fingerprint": info.tokenizer_fingerprint, "chat_template_sha256": info.chat_template_sha256,
+            "enable_thinking": enable_thinking, "mask_token_id": info.mask_token_id}
+
+
 def make_target(root: Path) -> Path:
     """Save a tiny random Qwen3ForCausalLM and its target.json under ``root``; return target.json's path."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from draftline.records import TargetInfo
+    from draftline.core.records import TargetInfo
 
     torch.manual_seed(0)
     config = Qwen3Config(
@@ -66,40 +74,53 @@ def make_rows(n: int, seed: int = 0, min_len: int = 12, max_len: int = 48, max_s
 
 
 def make_merged(root: Path, rows: dict[str, list]) -> Path:
-    """Write rows as a dataset folder plus the row order (the merge stage's output, as far as training needs)."""
+    """Write rows as a draftline training set (shards, draftline.json, order.npy), as the merge stage does."""
+    from draftline.core import dataset as fmt
+
     merged = root / "data" / "merged"
-    datasets.Dataset.from_dict(rows).save_to_disk(str(merged / "dataset"))
-    np.save(merged / "order.npy", np.random.default_rng(1).permutation(len(rows["id"])))
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows["input_ids"]])])
+    table = fmt.build_table(rows["id"], rows["source"], offsets, np.concatenate(rows["input_ids"]),
+                            np.concatenate(rows["loss_mask"]))
+    meta = fmt.DatasetMeta(tokenizer_fingerprint="test", chat_template_sha256="test", enable_thinking=False,
+                           max_len=max(len(r) for r in rows["input_ids"]), mask_token_id=MASK_ID,
+                           end_of_turn_token_id=VOCAB - 2)
+    fmt.write_dataset(merged, [table], meta)
+    np.save(merged / fmt.ORDER_FILE, np.random.default_rng(1).permutation(len(rows["id"])))
     return merged
 
 
-def load(path: Path) -> tuple[datasets.Dataset, np.ndarray]:
-    return datasets.load_from_disk(str(Path(path) / "dataset")), np.load(Path(path) / "order.npy")
-
-
 def paths(root: Path):
-    from draftline.drafter.trainer import Paths
+    from draftline.train.trainer import Paths
 
     return Paths(
         merged=root / "data" / "merged", target_dir=root / "data" / "target",
         checkpoint=root / "data" / "checkpoints", metrics=root / "metrics" / "train.json",
-        plot=root / "plots" / "train_loss.csv", cache_root=root / ".draftline" / "cache" / "train",
+        plot=root / "plots" / "train_loss.csv", cache_root=root / ".draftline" / "cache",
     )
 
 
 def small_params(**overrides) -> dict:
+    """Every key of params.yaml's train section, at sizes for the tiny target (a dict: tests override keys)."""
     params = dict(
         drafter_layers=1, target_layers=3, block_size=8, gamma=4.0, anchors_per_seq=8, max_length=64,
-        max_tokens_per_batch=256, epochs=1.0, max_steps=0, lr=3e-3, warmup_ratio=0.1, save_every=5,
-        log_every=1, memory_limit_gb=4.0,
+        max_tokens_per_batch=256, memory_limit_gb=4.0, epochs=1.0, max_steps=0, lr=3e-3, min_lr_ratio=0.0,
+        warmup_ratio=0.1, weight_decay=0.0, grad_clip=1.0, bf16=True, seed=0, gpus=0, save_every=5, log_every=1,
+        strict=False,
     )
     params.update(overrides)
     return params
 
 
+def train_params(**overrides):
+    from draftline.train.params import TrainParams
+
+    return TrainParams.parse(small_params(**overrides), "train")
+
+
 if __name__ == "__main__":
-    from draftline.drafter.trainer import main
+    from draftline.train.params import TrainParams
+    from draftline.train.stage import run_train
 
     workdir, params = Path(sys.argv[1]), json.loads(sys.argv[2])
     torch.set_num_threads(1)
-    main(params, paths(workdir), load=load)
+    run_train(TrainParams.parse(params, "train"), paths(workdir))

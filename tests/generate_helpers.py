@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from conftest import default_params
 
-from draftline.files import write_json, write_jsonl
-from draftline.records import PromptRecord, TargetInfo
+from draftline.core.files import write_json, write_jsonl
+from draftline.core.records import PromptRecord, TargetInfo
+from draftline.generate.params import GenerateParams
 
 SYSTEMS = ["You are a careful math tutor.", "You are a coding assistant.", None]
 
@@ -39,18 +41,27 @@ def target_info(path: str = "/models/fake-qwen3") -> TargetInfo:
                       mask_token_id=151660, vocab_size=151669, model_fingerprint="model-fp")
 
 
+def full(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` over params.yaml's generate section (nested ``local`` merged): what a user's file would hold."""
+    return default_params("generate", **params)
+
+
+def gen_params(params: dict[str, Any]) -> GenerateParams:
+    return GenerateParams.parse(full(params), "generate")
+
+
 def make_project(root: Path, prompts: list[PromptRecord], params: dict[str, Any], info: TargetInfo | None = None) -> Path:
     """A folder laid out as the repository is (data/prompts, data/target, params.yaml)."""
     write_jsonl(root / "data/prompts/train.jsonl", prompts)
     write_json(root / "data/target/target.json", (info or target_info()).to_dict())
-    (root / "params.yaml").write_text(yaml.safe_dump({"generate": params}), encoding="utf-8")
+    (root / "params.yaml").write_text(yaml.safe_dump({"generate": full(params)}), encoding="utf-8")
     return root
 
 
 def run_in(root: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from draftline.generate import run_generate
+    from draftline.generate.stage import run_generate
 
-    return run_generate(params, root / "data/prompts/train.jsonl", root / "data/target",
+    return run_generate(gen_params(params), root / "data/prompts/train.jsonl", root / "data/target",
                         root / "data/completions", root / "metrics/generate.json")
 
 

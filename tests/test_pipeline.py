@@ -44,8 +44,8 @@ def _project_files() -> list[str]:
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=REPO, text=True, capture_output=True, check=True,
     ).stdout.split("\n")
-    skip = ("data/raw/", "data/target/", "data/prompts/", "data/completions/", "data/tokenized/", "data/merged/",
-            "data/checkpoints/", "metrics/", "plots/", "dvc.lock")
+    skip = ("data/raw/", "data/conversations/", "data/target/", "data/prompts/", "data/completions/",
+            "data/tokenized/", "data/merged/", "data/checkpoints/", "metrics/", "plots/", "dvc.lock")
     return [f for f in out if f and not f.startswith(skip) and (REPO / f).is_file()]
 
 
@@ -88,6 +88,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env["PYTHONPATH"] = str(root / "src")
     env["DRAFTLINE_CACHE"] = str(root / ".draftline" / "cache")
+    # Bytecode is written as on a user's machine: it must never count as a code change (.dvcignore).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
                 ["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
         _run(cmd, root, env)
@@ -113,8 +115,34 @@ def test_repro_builds_every_output(project):
 
 def test_second_repro_runs_nothing(project):
     root, env = project
+    assert list((root / "src" / "draftline").rglob("*.pyc")), "the stages ran without writing bytecode"
     log = _run(["dvc", "repro"], root, env)
     assert _ran(log) == set()
+    assert "Data and pipelines are up to date." in _run(["dvc", "status"], root, env)
+    lock = (root / "dvc.lock").read_text()
+    assert ".pyc" not in lock and "__pycache__" not in lock
+
+
+def _changed_after_editing(root: Path, env: dict[str, str], relative: str) -> set[str]:
+    """The stages `dvc status` reports after appending a comment to one source file (restored afterwards)."""
+    path = root / relative
+    before = path.read_bytes()
+    try:
+        path.write_bytes(before + b"# an edit\n")
+        return set(json.loads(_run(["dvc", "status", "--json"], root, env)))
+    finally:
+        path.write_bytes(before)
+
+
+def test_code_deps_cover_what_each_stage_runs(project):
+    root, env = project
+    stages = {s for s in yaml.safe_load((root / "dvc.lock").read_text())["stages"]}
+    # core/ is shared by every stage: a change there marks all of them, every source's stages included.
+    assert _changed_after_editing(root, env, "src/draftline/core/records.py") == stages
+    # evaluate's own package marks evaluate alone: the drafter is never retrained for it.
+    assert _changed_after_editing(root, env, "src/draftline/evaluate/report.py") == {"evaluate"}
+    # The model train and evaluate share marks both.
+    assert _changed_after_editing(root, env, "src/draftline/drafter/model.py") == {"train", "evaluate"}
     assert "Data and pipelines are up to date." in _run(["dvc", "status"], root, env)
 
 
@@ -125,9 +153,9 @@ def test_one_source_param_reruns_that_source_alone(project):
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         status = json.loads(_run(["dvc", "status", "--json"], root, env))
-        # The stages that read every source's adapter name (target, prompts) see the params change too.
-        assert {s for s in status if s.startswith("sources@")} == {"sources@codefeedback"}
-        assert set(status) <= {"sources@codefeedback", "target", "prompts"}
+        # That source's two stages; the prompt stage reads every source's name (their order) and sees it too.
+        assert {s for s in status if "@" in s} == {"sources@codefeedback", "conversations@codefeedback"}
+        assert set(status) <= {"sources@codefeedback", "conversations@codefeedback", "prompts"}
     finally:
         _run(["git", "checkout", "params.yaml"], root, env)
 

@@ -1,5 +1,4 @@
-"""The DFlash drafter: model, training data, memory planning, checkpoints, training and evaluation."""
+"""The DFlash drafter model that the ``train`` and ``evaluate`` stages share, saved in z-lab's checkpoint layout.
 
-from draftline.drafter.model import DFlashDrafter, DraftCache, target_features
-
-__all__ = ["DFlashDrafter", "DraftCache", "target_features"]
+Not a stage: it is the one package two stages import, so both depend on it in ``dvc.yaml``.
+"""

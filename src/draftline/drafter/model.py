@@ -36,7 +36,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     repeat_kv,
 )
 
-from draftline.files import atomic_path
+from draftline.core.files import atomic_path
 
 ARCHITECTURE = "DFlashDraftModel"
 CONFIG_FILE = "config.json"
@@ -86,8 +86,10 @@ def make_config(
     block_size: int,
     mask_token_id: int,
     target_layer_ids: list[int],
+    lineage: dict[str, Any],
 ) -> Qwen3Config:
-    """The drafter's config: the target's shapes, ``num_layers`` layers, and the DFlash fields in z-lab's layout."""
+    """The drafter's config: the target's shapes, ``num_layers`` layers, the DFlash fields in z-lab's layout, and
+    ``lineage`` (what its training data was made with, under ``draftline``: see :func:`lineage_of`)."""
     text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     n_target = int(text.num_hidden_layers)
     bad = [i for i in target_layer_ids if not 0 <= i < n_target]
@@ -110,7 +112,18 @@ def make_config(
         dflash_config={"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)},
         tie_word_embeddings=False,
         use_cache=False,
+        draftline=dict(lineage),
     )
+
+
+def lineage_of(config: Any) -> dict[str, Any]:
+    """The training data's lineage a checkpoint records (tokenizer fingerprint, chat template, thinking mode,
+    mask token); a checkpoint without one is refused, since nothing then says which target it fits."""
+    lineage = getattr(config, "draftline", None)
+    if not isinstance(lineage, dict) or "tokenizer_fingerprint" not in lineage:
+        raise ValueError("the drafter's config.json has no `draftline` lineage (tokenizer fingerprint, thinking "
+                         "mode): it was not trained by draftline's train stage; retrain it")
+    return lineage
 
 
 @dataclass

@@ -1,50 +1,23 @@
 """The generation journal: every finished result, appended and fsynced, so that a run can resume to the row.
 
-DVC deletes a stage's outputs before it runs, so the journal lives outside them, in an ignored scratch folder
-keyed by a hash of everything that decides a result. A rerun after kill -9 reads the journal, sends only the
+DVC deletes a stage's outputs before it runs, so the journal lives outside them, in the stage's scratch folder
+(:mod:`draftline.core.scratch`), keyed by a hash of everything that decides a result. A rerun after kill -9 reads the journal, sends only the
 prompts without a result, and writes the shards from it. The last line may be torn by a kill mid-write: it is
 dropped (that result was never acknowledged as saved) and cut off before the next append.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from draftline.records import dumps
+from draftline.core.records import dumps
 
 JOURNAL_FILE = "journal.jsonl"
 OK, PARTIAL, FAILED = "ok", "partial", "failed"
-
-
-def cache_root(start: str | os.PathLike | None = None) -> Path:
-    """Where resumable scratch lives: ``$DRAFTLINE_CACHE``, else ``<repo>/.draftline/cache``.
-
-    ``<repo>`` is the git top level above ``start`` (default: the working directory). ``dvc exp run --temp``
-    and queued experiments run in a throwaway copy under ``<repo>/.dvc/tmp/exps/``; the journal must outlive
-    that copy, so a path inside it resolves to the repository that holds it.
-    """
-    if env := os.environ.get("DRAFTLINE_CACHE"):
-        return Path(env).resolve()
-    here = Path(start or os.getcwd()).resolve()
-    parts = here.parts
-    for i in range(len(parts) - 3):
-        if parts[i : i + 3] == (".dvc", "tmp", "exps"):
-            return Path(*parts[:i]) / ".draftline" / "cache"
-    for d in (here, *here.parents):
-        if (d / ".git").exists():
-            return d / ".draftline" / "cache"
-    return here / ".draftline" / "cache"
-
-
-def journal_key(decides: dict[str, Any]) -> str:
-    """A short stable hash of what decides a result (target fingerprint, sampling params, thinking, backend)."""
-    canonical = json.dumps(decides, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
 class Journal:

@@ -15,42 +15,31 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
-from draftline.logs import get_logger
+from draftline.core.logs import get_logger
+from draftline.generate.params import LaunchParams
 
 log = get_logger(__name__)
 
-LAUNCH_DEFAULTS: dict[str, Any] = {
-    "gpus": None,  # e.g. "0,1,2,3" -> CUDA_VISIBLE_DEVICES; None keeps the environment's
-    "dp_size": 1,
-    "tp_size": 1,
-    "host": "127.0.0.1",
-    "port": 30000,
-    "extra_args": [],
-    "health_timeout_s": 1800,
-}
-
-
-def sglang_command(model_path: str, launch: dict[str, Any], enable_thinking: bool, python: str = sys.executable) -> list[str]:
-    """The ``sglang.launch_server`` command line for ``launch`` (see LAUNCH_DEFAULTS)."""
-    cfg = {**LAUNCH_DEFAULTS, **(launch or {})}
+def sglang_command(model_path: str, launch: LaunchParams, enable_thinking: bool, python: str = sys.executable) -> list[str]:
+    """The ``sglang.launch_server`` command line for ``generate.launch``."""
     cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_path),
-           "--host", str(cfg["host"]), "--port", str(cfg["port"])]
-    if int(cfg["tp_size"]) > 1:
-        cmd += ["--tp-size", str(cfg["tp_size"])]
-    if int(cfg["dp_size"]) > 1:
-        cmd += ["--dp-size", str(cfg["dp_size"])]
+           "--host", launch.host, "--port", str(launch.port)]
+    if launch.tp_size > 1:
+        cmd += ["--tp-size", str(launch.tp_size)]
+    if launch.dp_size > 1:
+        cmd += ["--dp-size", str(launch.dp_size)]
     if enable_thinking:
         # Without it SGLang returns the reasoning inside `content`; with it, apart as `reasoning_content`.
         cmd += ["--reasoning-parser", "qwen3"]
-    cmd += [str(a) for a in cfg["extra_args"]]
+    cmd += [str(a) for a in launch.extra_args]
     return cmd
 
 
-def launch_env(launch: dict[str, Any]) -> dict[str, str]:
+def launch_env(launch: LaunchParams) -> dict[str, str]:
+    """The server's environment: ``gpus`` (e.g. ``"0,1"`` or ``[0, 3]``) as CUDA_VISIBLE_DEVICES, if set."""
     env = dict(os.environ)
-    gpus = {**LAUNCH_DEFAULTS, **(launch or {})}["gpus"]
+    gpus = launch.gpus
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if isinstance(gpus, list) else str(gpus)
     return env

@@ -1,7 +1,7 @@
 """The ``local`` backend: the target loaded in-process with transformers, batched generation on CPU or GPU.
 
-It renders every prompt with the target's own chat template exactly as SGLang does
-(``apply_chat_template(messages, tools=tools, add_generation_prompt=True, enable_thinking=...)``), decodes
+It renders every prompt with the one render (:func:`draftline.core.chat.render`), as SGLang renders a request
+(the target's own template, the tools, the run's ``chat_template_kwargs``, the generation prompt), decodes
 with special tokens skipped as SGLang does by default, and splits reasoning from the answer at ``</think>``
 the way SGLang's ``qwen3`` reasoning parser does, so a record looks the same whichever backend made it.
 """
@@ -11,16 +11,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from draftline.core.chat import render
+from draftline.core.records import Message, TargetInfo, Tool
+from draftline.core.target import load_model, load_tokenizer
 from draftline.generate.openai_client import ChatResult
-from draftline.records import Message, TargetInfo, Tool
-
-LOCAL_DEFAULTS: dict[str, Any] = {"device": "auto", "dtype": "float32", "batch_size": 8}
-
-
-def render_prompt(tokenizer, messages: list[Message], tools: list[Tool] | None, enable_thinking: bool) -> str:
-    """The prompt text the server would build: the target's own template, generation prompt added."""
-    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                         tokenize=False, enable_thinking=enable_thinking)
+from draftline.generate.params import LocalParams
 
 
 def split_reasoning(text: str, think_start: str, think_end: str, in_reasoning: bool) -> tuple[str | None, str]:
@@ -41,22 +36,19 @@ def split_reasoning(text: str, think_start: str, think_end: str, in_reasoning: b
 class LocalBackend:
     """Generates replies for batches of ``(messages, tools)`` with the sampling params of the run."""
 
-    def __init__(self, info: TargetInfo, sampling: dict[str, Any], enable_thinking: bool, local: dict[str, Any]):
+    def __init__(self, info: TargetInfo, sampling: dict[str, Any], enable_thinking: bool, local: LocalParams):
         import torch
 
-        cfg = {**LOCAL_DEFAULTS, **(local or {})}
         self.torch = torch
         self.info = info
         self.sampling = sampling
         self.enable_thinking = enable_thinking
-        self.batch_size = int(cfg["batch_size"])
-        device = cfg["device"]
+        self.batch_size = local.batch_size
+        device = local.device
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                                    "cpu" if device == "auto" else device)
-        from draftline.target import load_model, load_tokenizer
-
         self.tokenizer = load_tokenizer(info)
-        dtype = getattr(torch, cfg["dtype"]) if cfg["dtype"] != "auto" else "auto"
+        dtype = getattr(torch, local.dtype) if local.dtype != "auto" else "auto"
         self.model = load_model(info, dtype=dtype, device=self.device)
         self.stop_ids = sorted({info.end_of_turn_token_id, info.eos_token_id})
         pad = info.pad_token_id if info.pad_token_id is not None else info.eos_token_id
@@ -69,7 +61,8 @@ class LocalBackend:
         torch = self.torch
         from transformers import GenerationConfig
 
-        texts = [render_prompt(self.tokenizer, m, t, self.enable_thinking) for m, t in requests]
+        texts = [render(self.tokenizer, m, t, enable_thinking=self.enable_thinking, generation_prompt=True)
+                 for m, t in requests]
         ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         width = max(len(x) for x in ids)
         input_ids = torch.tensor([[self.pad_id] * (width - len(x)) + x for x in ids], device=self.device)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from draftline.core.records import CompletionRecord, PromptRecord
 from draftline.generate.journal import FAILED
 from draftline.generate.shards import is_truncated
-from draftline.records import CompletionRecord, PromptRecord
 
 
 def token_stats(values: list[int]) -> dict[str, float]:

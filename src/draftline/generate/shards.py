@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from draftline.files import write_jsonl
+from draftline.core.files import write_jsonl
+from draftline.core.records import CompletionRecord, PromptRecord
 from draftline.generate.journal import FAILED, OK
 from draftline.generate.turns import split_turns
-from draftline.records import CompletionRecord, PromptRecord
 
 SHARD_PATTERN = "part-{:05d}.jsonl"
 FAILURES_FILE = "failures.jsonl"

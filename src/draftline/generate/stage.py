@@ -15,78 +15,22 @@ from typing import Any
 
 from tqdm import tqdm
 
-from draftline.files import iter_jsonl, write_json
-from draftline.generate.journal import FAILED, OK, PARTIAL, Journal, cache_root, journal_key
-from draftline.generate.launcher import LAUNCH_DEFAULTS, Server, launch_env, sglang_command
-from draftline.generate.local import LOCAL_DEFAULTS
+from draftline.core.chat import template_kwargs
+from draftline.core.files import write_json
+from draftline.core.logs import get_logger
+from draftline.core.records import PromptRecord, TargetInfo, dumps, read_prompts
+from draftline.core.scratch import scratch_dir
+from draftline.core.skips import Skips
+from draftline.core.target import load_target
+from draftline.generate.journal import FAILED, OK, PARTIAL, Journal
+from draftline.generate.launcher import Server, launch_env, sglang_command
 from draftline.generate.openai_client import ChatClient, ChatResult, RequestFailed
+from draftline.generate.params import GenerateParams
 from draftline.generate.report import summarize
 from draftline.generate.shards import write_outputs
 from draftline.generate.turns import dispatch_order, request_messages, split_turns
-from draftline.logs import get_logger
-from draftline.records import PromptRecord, TargetInfo, dumps
-from draftline.skips import Skips
 
 log = get_logger(__name__)
-
-DEFAULTS: dict[str, Any] = {
-    "backend": "local",
-    "enable_thinking": False,
-    "max_tokens": 128,
-    "temperature": 0.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "seed": 0,
-    "shard_size": 1000,
-    "keep_truncated": False,
-    "model": None,
-    "endpoints": ["http://127.0.0.1:30000"],
-    "concurrency": 64,
-    "timeout_s": 600.0,
-    "retries": 5,
-    "backoff_s": 1.0,
-    "backoff_max_s": 60.0,
-    "launch": None,
-    "local": LOCAL_DEFAULTS,
-}
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
-
-
-def settings(params: dict[str, Any]) -> dict[str, Any]:
-    """``params.yaml: generate`` over the defaults; an unknown key is an error (a typo would be silently ignored)."""
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise KeyError(f"unknown generate params {unknown}; known: {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **params}
-    if s["backend"] not in ("local", "sglang"):
-        raise ValueError(f"generate.backend must be 'local' or 'sglang', got {s['backend']!r}")
-    s["local"] = {**LOCAL_DEFAULTS, **(s["local"] or {})}
-    if s["launch"] is not None:
-        s["launch"] = {**LAUNCH_DEFAULTS, **s["launch"]}
-    return s
-
-
-def read_prompts(path: str | Path, skips: Skips) -> list[PromptRecord]:
-    prompts, seen = [], set()
-    for lineno, value, error in iter_jsonl(path):
-        where = f"{path}:{lineno}"
-        if error:
-            skips.add("malformed", where, error)
-            continue
-        try:
-            p = PromptRecord.from_dict(value)
-            if not isinstance(p.id, str) or not isinstance(p.messages, list) or not p.messages:
-                raise TypeError("needs a string id and a non-empty messages list")
-        except (TypeError, KeyError, AttributeError) as e:
-            skips.add("bad_record", where, str(e))
-            continue
-        if p.id in seen:
-            skips.add("duplicate_id", where, p.id)
-            continue
-        seen.add(p.id)
-        prompts.append(p)
-    return prompts
-
 
 def prefix_group(p: PromptRecord) -> str:
     """What a server's prefix cache can share between prompts: the leading system turn(s) and the tools."""
@@ -185,19 +129,19 @@ class JournalWriter:
         await self.task
 
 
-def request_body(s: dict[str, Any], model: str) -> dict[str, Any]:
+def request_body(s: GenerateParams, model: str) -> dict[str, Any]:
     """The request fields every prompt shares: sampling params and the thinking switch."""
-    body: dict[str, Any] = {"model": model, "max_tokens": s["max_tokens"], "temperature": s["temperature"],
-                            "top_p": s["top_p"]}
-    if s["top_k"] not in (None, -1, 0):
-        body["top_k"] = s["top_k"]
-    if s["temperature"] > 0 and s["seed"] is not None:
-        body["seed"] = s["seed"]
-    body["chat_template_kwargs"] = {"enable_thinking": bool(s["enable_thinking"])}
+    body: dict[str, Any] = {"model": model, "max_tokens": s.max_tokens, "temperature": s.temperature,
+                            "top_p": s.top_p}
+    if s.top_k not in (None, -1, 0):
+        body["top_k"] = s.top_k
+    if s.temperature > 0 and s.seed is not None:
+        body["seed"] = s.seed
+    body["chat_template_kwargs"] = template_kwargs(s.enable_thinking)
     return body
 
 
-async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str, Any]], s: dict[str, Any],
+async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str, Any]], s: GenerateParams,
                           endpoints: list[str], model: str, journal: Journal, entries: dict[str, dict[str, Any]],
                           progress: Progress) -> dict[str, int]:
     """Send ``pending`` (already in dispatch order) through one worker per slot; journal every result."""
@@ -208,7 +152,7 @@ async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str
 
     async def converse(p: PromptRecord) -> None:
         nonlocal sent
-        conv = Regeneration(p, s["enable_thinking"], prior.get(p.id))
+        conv = Regeneration(p, s.enable_thinking, prior.get(p.id))
         entry = None
         while entry is None:
             body = {**base, "messages": conv.next_request()}
@@ -231,30 +175,30 @@ async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str
         for p in it:  # one shared iterator: each worker takes the next prompt in dispatch order
             await converse(p)
 
-    async with ChatClient(endpoints, s["concurrency"], s["timeout_s"], s["retries"], s["backoff_s"],
-                          s["backoff_max_s"], s["seed"]) as client:
+    async with ChatClient(endpoints, s.concurrency, s.timeout_s, s.retries, s.backoff_s,
+                          s.backoff_max_s, s.seed) as client:
         try:
-            n_workers = min(len(pending), s["concurrency"] * len(endpoints))
+            n_workers = min(len(pending), s.concurrency * len(endpoints))
             await asyncio.gather(*(worker() for _ in range(n_workers)))
         finally:
             await writer.close()
         return {"requests": sent, "retries": client.retried}
 
 
-def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: dict[str, Any], info: TargetInfo,
+def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: GenerateParams, info: TargetInfo,
                    journal: Journal, entries: dict[str, dict[str, Any]], progress: Progress) -> dict[str, int]:
     """Batches are fixed over ALL prompts, so a resumed run computes every batch exactly as an uninterrupted one
     (padding and batch shape change floating-point results); a batch with nothing pending is skipped."""
     from draftline.generate.local import LocalBackend
 
-    backend = LocalBackend(info, {k: s[k] for k in SAMPLING_KEYS}, s["enable_thinking"], s["local"])
+    backend = LocalBackend(info, s.sampling, s.enable_thinking, s.local)
     size = backend.batch_size
     sent = 0
     for start in range(0, len(ordered), size):
         batch = ordered[start : start + size]
         if not any(p.id in pending_ids for p in batch):
             continue
-        convs = [Regeneration(p, s["enable_thinking"]) for p in batch]
+        convs = [Regeneration(p, s.enable_thinking) for p in batch]
         ended: dict[str, dict[str, Any]] = {}
         while active := [c for c in convs if c.prompt.id not in ended]:
             results = backend.generate([(c.next_request(), c.prompt.tools) for c in active])
@@ -270,29 +214,36 @@ def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: dict[s
     return {"requests": sent, "retries": 0}
 
 
-def run_generate(params: dict[str, Any], prompts_path: str | Path = "data/prompts/train.jsonl",
+def journal_decides(s: GenerateParams, info: TargetInfo) -> dict[str, Any]:
+    """What decides a result: the target, the sampling, the thinking mode, the backend (and the local settings, with
+    ``device: auto`` resolved: the device decides float results, so the key names the one actually used)."""
+    decides: dict[str, Any] = {
+        "target": {"tokenizer_fingerprint": info.tokenizer_fingerprint,
+                   "model_fingerprint": info.model_fingerprint or f"path:{info.path}"},
+        "sampling": s.sampling, "enable_thinking": s.enable_thinking, "backend": s.backend,
+    }
+    if s.backend == "local":
+        local = s.local_dict()
+        if local["device"] == "auto":
+            import torch
+
+            local["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        decides["local"] = local
+    return decides
+
+
+def run_generate(params: GenerateParams, prompts_path: str | Path = "data/prompts/train.jsonl",
                  target_dir: str | Path = "data/target", out_dir: str | Path = "data/completions",
                  metrics_path: str | Path = "metrics/generate.json", strict: bool = False) -> dict[str, Any]:
     """Run the stage; returns the metrics it wrote."""
     t0 = time.monotonic()
-    s = settings(params)
+    s = params
     skips = Skips(log, strict=strict)
     prompts = read_prompts(prompts_path, skips)
-    from draftline.target import load_target  # imports torch: only once the params are known to be sound
-
     info = load_target(target_dir)
-    if s["backend"] == "local" and s["local"]["device"] == "auto":
-        import torch  # the device decides float results, so the journal key names the one actually used
-
-        s["local"]["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-    sampling = {k: s[k] for k in SAMPLING_KEYS}
-    target = {"tokenizer_fingerprint": info.tokenizer_fingerprint,
-              "model_fingerprint": info.model_fingerprint or f"path:{info.path}"}
-    decides = {"target": target, "sampling": sampling, "enable_thinking": bool(s["enable_thinking"]),
-               "backend": s["backend"], **({"local": s["local"]} if s["backend"] == "local" else {})}
-    folder = cache_root() / "generate" / journal_key(decides)
+    decides = journal_decides(s, info)
+    folder = scratch_dir("generate", decides)
     journal = Journal(folder)
-    write_json(folder / "key.json", decides)  # what this journal's results depend on, for a human looking
     entries = journal.load()
     if journal.torn:
         log.warning("journal %s: dropped %d torn line(s) from an interrupted run", journal.path, journal.torn)
@@ -301,33 +252,33 @@ def run_generate(params: dict[str, Any], prompts_path: str | Path = "data/prompt
     ordered = [prompts[i] for i in order]
     pending = [p for p in ordered if entries.get(p.id, {}).get("status") != OK]
     log.info("%d prompts: %d already in the journal %s, %d to generate with %s",
-             len(prompts), resumed, folder, len(pending), s["backend"])
+             len(prompts), resumed, folder, len(pending), s.backend)
 
     progress = Progress(len(pending))
     try:
         if not pending:
             stats = {"requests": 0, "retries": 0}
-        elif s["backend"] == "local":
+        elif s.backend == "local":
             stats = generate_local(ordered, {p.id for p in pending}, s, info, journal, entries, progress)
         else:
             prior = {p.id: entries[p.id] for p in pending if p.id in entries}
-            model = s["model"] or info.path
-            if s["launch"] is not None:
-                cfg = s["launch"]
-                url = f"http://{cfg['host']}:{cfg['port']}"
-                with Server(sglang_command(info.path, cfg, s["enable_thinking"]), url, folder / "sglang.log",
-                            launch_env(cfg), cfg["health_timeout_s"]):
+            model = s.model or info.path
+            if s.launch is not None:
+                cfg = s.launch
+                url = f"http://{cfg.host}:{cfg.port}"
+                with Server(sglang_command(info.path, cfg, s.enable_thinking), url, folder / "sglang.log",
+                            launch_env(cfg), cfg.health_timeout_s):
                     stats = asyncio.run(generate_remote(pending, prior, s, [url], model, journal, entries, progress))
             else:
-                stats = asyncio.run(generate_remote(pending, prior, s, s["endpoints"], model, journal, entries,
+                stats = asyncio.run(generate_remote(pending, prior, s, s.endpoints, model, journal, entries,
                                                     progress))
     finally:
         progress.close()
         journal.close()
 
-    generation = {"backend": s["backend"], **target, "sampling": sampling,
-                  "enable_thinking": bool(s["enable_thinking"])}
-    records, n_failed = write_outputs(out_dir, prompts, entries, generation, s["shard_size"], s["keep_truncated"])
+    generation = {"backend": s.backend, **decides["target"], "sampling": s.sampling,
+                  "enable_thinking": s.enable_thinking}
+    records, n_failed = write_outputs(out_dir, prompts, entries, generation, s.shard_size, s.keep_truncated)
     run = {"wall_time_s": round(time.monotonic() - t0, 3), "resumed": resumed, "finished": progress.finished,
            "output_tokens": progress.output_tokens, "skipped_prompts": skips.as_dict(), "journal": str(folder), **stats}
     metrics = summarize(prompts, entries, records, run)

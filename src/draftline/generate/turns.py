@@ -9,7 +9,7 @@ target's own continuations.
 
 from __future__ import annotations
 
-from draftline.records import Message
+from draftline.core.records import Message
 
 
 def split_turns(messages: list[Message]) -> tuple[list[Message], list[list[Message]]]:

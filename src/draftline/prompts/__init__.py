@@ -1,10 +1,6 @@
-"""The prompt stage: source rows -> normalised, deduplicated, blended prompts (see docs/prompts.md).
+"""The ``prompts`` stage: conversations -> normalised, deduplicated, blended prompts (see docs/prompts.md).
 
-``iter_conversations`` is also how other stages (the embedded target's corpus) read the sources.
+``canonical`` cuts a prompt out of a conversation and gives it its content id, ``dedup`` removes exact and near
+duplicates, ``blend`` picks the training mix, ``costs`` counts tokens under the target tokenizer, ``report``
+writes what happened per source, ``stage`` runs it all.
 """
-
-from .adapters import RowError, iter_conversations, make_adapter
-from .canonical import cut_prompt, prompt_id
-from .stage import run_prompts
-
-__all__ = ["RowError", "cut_prompt", "iter_conversations", "make_adapter", "prompt_id", "run_prompts"]

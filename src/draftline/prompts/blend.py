@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import xxhash
+
+from draftline.core.params import Params, ParamsError, optional
 
 UNITS = ("samples", "tokens")
 
@@ -58,6 +60,36 @@ def quotas(total: int, weights: Mapping[str, float], capacity: Mapping[str, int]
     return {k: out.get(k, 0) for k in weights}
 
 
+@dataclass(frozen=True)
+class BlendSource(Params):
+    """``blend.sources.<name>``: ``whole: true`` (taken in full) or ``weight: w`` (its share of the rest)."""
+
+    whole: bool | None = optional()
+    weight: float | None = optional()
+
+    def validate(self, where: str) -> None:
+        if self.whole and self.weight is not None:
+            raise ParamsError(f"params.yaml: {where}: give 'whole: true' or 'weight', not both")
+        if self.weight is not None and (self.weight < 0 or not math.isfinite(self.weight)):
+            raise ParamsError(f"params.yaml: {where}.weight must be >= 0, not {self.weight}")
+
+
+@dataclass(frozen=True)
+class BlendParams(Params):
+    """``params.yaml: blend``."""
+
+    total: int
+    unit: Literal["samples", "tokens"]
+    seed: int
+    eval_per_source: int
+    sources: dict[str, BlendSource]
+
+    def validate(self, where: str) -> None:
+        for key in ("total", "eval_per_source", "seed"):
+            if getattr(self, key) < 0:
+                raise ParamsError(f"params.yaml: {where}.{key} must be a non-negative integer, not {getattr(self, key)}")
+
+
 @dataclass
 class Pool:
     """One source's rows that survived dedup, in selection order, with their cost in the blend's unit."""
@@ -84,24 +116,16 @@ class Selection:
     achieved: dict[str, int]
 
 
-def source_plan(names: Sequence[str], cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``blend.sources``: ``{name: {whole: true} | {weight: w}}``; a source not listed has weight 1."""
-    plan = dict(cfg.get("sources") or {})
-    unknown = sorted(set(plan) - set(names))
+def source_plan(names: Sequence[str], sources: Mapping[str, BlendSource]) -> dict[str, dict[str, Any]]:
+    """``blend.sources`` for every source: ``{name: {whole, weight}}``; a source not listed has weight 1."""
+    unknown = sorted(set(sources) - set(names))
     if unknown:
         raise BlendError(f"blend.sources names {unknown}, which are not in params.yaml: sources")
     out = {}
     for name in names:
-        p = plan.get(name) or {}
-        if set(p) - {"whole", "weight"}:
-            raise BlendError(f"blend.sources.{name} takes 'whole' or 'weight', not {sorted(set(p) - {'whole', 'weight'})}")
-        whole = bool(p.get("whole", False))
-        weight = float(p.get("weight", 0.0 if whole else 1.0))
-        if whole and "weight" in p:
-            raise BlendError(f"blend.sources.{name}: give 'whole: true' or 'weight', not both")
-        if weight < 0 or not math.isfinite(weight):
-            raise BlendError(f"blend.sources.{name}.weight must be >= 0, not {weight}")
-        out[name] = {"whole": whole, "weight": weight}
+        p = sources.get(name) or BlendSource()
+        whole = bool(p.whole)
+        out[name] = {"whole": whole, "weight": float(p.weight if p.weight is not None else 0.0 if whole else 1.0)}
     return out
 
 

@@ -13,11 +13,9 @@ from functools import lru_cache
 
 import xxhash
 
-from draftline.records import Conversation, Message, PromptRecord, Tool
+from draftline.core.records import Conversation, Message, PromptRecord, Tool
+from draftline.core.skips import RowError
 
-from .adapters import RowError
-
-TURNS = ("first", "all")
 _WS = re.compile(r"\s+")
 
 
@@ -68,15 +66,15 @@ def reply_text(message: Message) -> str:
     return "\n".join(t for t in (message.get("reasoning_content"), message.get("content"), *calls) if t)
 
 
-def cut_prompt(conv: Conversation, turns: str = "first") -> PromptRecord:
+def cut_prompt(conv: Conversation, turns: str) -> PromptRecord:
     """The prompt to send to the target, with the dataset's own answer as ``reference``.
 
     ``first``: everything up to and including the first user turn (system and tools kept); reference = the
     reply right after it. ``all``: system and every user turn, the dataset's replies and tool results dropped
     (the target regenerates them); reference = all the dataset's replies.
     """
-    if turns not in TURNS:
-        raise ValueError(f"prompts.turns must be one of {TURNS}, not {turns!r}")
+    if turns not in ("first", "all"):
+        raise ValueError(f"prompts.turns must be 'first' or 'all', not {turns!r}")
     msgs = conv.messages
     first = next((i for i, m in enumerate(msgs) if m["role"] == "user"), None)
     if first is None:

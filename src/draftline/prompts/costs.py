@@ -10,11 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from draftline.records import PromptRecord
-
-
-def _render(tokenizer: Any, messages: list, tools: list | None, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=False)
+from draftline.core.chat import render
+from draftline.core.records import PromptRecord
 
 
 class _HeadCache:
@@ -25,8 +22,9 @@ class _HeadCache:
     (``<|im_start|>``) right after it: added tokens are cut out before BPE, so the counts add up exactly.
     """
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, enable_thinking: bool):
         self.tokenizer = tokenizer
+        self.enable_thinking = enable_thinking
         self.added = tuple(tokenizer.get_added_vocab())
         self.renders: dict[str, str | None] = {}
         self.counts: dict[str, int] = {}
@@ -37,21 +35,29 @@ class _HeadCache:
             return None, full
         key = json.dumps([system, record.tools], sort_keys=True)
         if key not in self.renders:
-            self.renders[key] = _render(self.tokenizer, system, record.tools, False) if system else None
+            self.renders[key] = (
+                render(self.tokenizer, system, record.tools, enable_thinking=self.enable_thinking, generation_prompt=False)
+                if system else None
+            )
         head = self.renders[key]
         if not head or not full.startswith(head) or not full[len(head) :].startswith(self.added):
             return None, full
         return head, full[len(head) :]
 
 
-def token_costs(records: Sequence[PromptRecord], tokenizer: Any, batch_size: int = 512) -> tuple[list[int], list[int]]:
+def token_costs(
+    records: Sequence[PromptRecord], tokenizer: Any, enable_thinking: bool, batch_size: int = 512
+) -> tuple[list[int], list[int]]:
     """``(prompt tokens, reference tokens)`` per record; texts are encoded in batches by the fast tokenizer."""
-    heads = _HeadCache(tokenizer)
+    heads = _HeadCache(tokenizer, enable_thinking)
     prompt_tokens: list[int] = []
     reference_tokens: list[int] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        split = [heads.split(r, _render(tokenizer, r.messages, r.tools, True)) for r in chunk]
+        split = [
+            heads.split(r, render(tokenizer, r.messages, r.tools, enable_thinking=enable_thinking, generation_prompt=True))
+            for r in chunk
+        ]
         new_heads = sorted({h for h, _ in split if h is not None and h not in heads.counts})
         texts = [rest for _, rest in split] + [r.reference or "" for r in chunk] + new_heads
         enc = tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from draftline.core.params import Params, ParamsError
+
 # CJK has no spaces: each character is a word; elsewhere runs of letters/digits are.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
@@ -54,11 +56,27 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class NearParams:
-    threshold: float = 0.8
-    num_perm: int = 128
-    ngram: int = 5
-    seed: int = 0
+class NearParams(Params):
+    """``params.yaml: dedup.near``."""
+
+    enabled: bool
+    threshold: float
+    num_perm: int
+    ngram: int
+    seed: int
+    exact_numbers: list[str]
+
+    def validate(self, where: str) -> None:
+        if not 0.0 < self.threshold <= 1.0 or self.num_perm < 1 or self.ngram < 1:
+            raise ParamsError(f"params.yaml: {where}: threshold must be in (0, 1], num_perm and ngram >= 1")
+
+
+@dataclass(frozen=True)
+class DedupParams(Params):
+    """``params.yaml: dedup``."""
+
+    priority: list[str]
+    near: NearParams
 
 
 class MinHasher:

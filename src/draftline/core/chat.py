@@ -1,0 +1,66 @@
+"""The one chat render: every stage that turns messages into the target's text calls :func:`render`.
+
+Acceptance length depends on the drafter seeing at training time exactly the text the target is served, so the
+prompt costs (prompts), local generation and the server requests (generate), the loss masks (tokenize), the
+embedded target's corpus (target) and speculative decoding (evaluate) all render here, with the same tools and
+thinking arguments. Invariants:
+
+- messages are rendered as an OpenAI-compatible server hands them to the template (:func:`as_served`);
+- ``enable_thinking`` is passed only when it is known (True/False): a template may treat a present-but-None flag
+  differently from an absent one; :func:`template_kwargs` is also what a request sends as ``chat_template_kwargs``;
+- the input messages are never modified.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from draftline.core.records import Message, Tool
+
+
+def template_kwargs(enable_thinking: bool | None) -> dict[str, Any]:
+    """The template switches of a run: sent as ``chat_template_kwargs`` and passed to ``apply_chat_template``."""
+    return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+
+
+def render(
+    tokenizer: Any,
+    messages: list[Message],
+    tools: list[Tool] | None,
+    *,
+    enable_thinking: bool | None,
+    generation_prompt: bool,
+) -> str:
+    """The text the target sees: its own chat template over ``messages`` and ``tools``.
+
+    ``generation_prompt``: end with the assistant header (a prompt to continue), or not (a whole conversation).
+    """
+    return tokenizer.apply_chat_template(
+        as_served(messages), tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False,
+        **template_kwargs(enable_thinking),
+    )
+
+
+def as_served(messages: list[Message]) -> list[Message]:
+    """The messages as SGLang hands them to the template: tool-call ``arguments`` sent as a JSON string are
+    parsed into an object first (templates such as Qwen3-Coder's iterate over them; Qwen3's prints an object
+    with ``tojson``). Arguments that are not a JSON object stay as they are."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls and any(isinstance((c.get("function") or {}).get("arguments"), str) for c in calls):
+            m = {**m, "tool_calls": [_parsed_call(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+def _parsed_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function") or {}
+    if not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"])
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**fn, "arguments": args}} if isinstance(args, dict) else call

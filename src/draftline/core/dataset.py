@@ -1,0 +1,360 @@
+"""The on-disk contract of tokenized and merged datasets, shared by the tokenize, merge and train stages.
+
+A dataset folder is what ``datasets.Dataset.save_to_disk`` writes, so ``datasets.load_from_disk`` opens it
+memory-mapped, plus ``draftline.json`` (:class:`DatasetMeta`): what the rows were made with.
+
+    <folder>/data-00000-of-00002.arrow   Arrow IPC stream shards, each at most ``max_shard_bytes``
+    <folder>/data-00001-of-00002.arrow
+    <folder>/state.json                  lists the shards in order (``datasets`` reads only those)
+    <folder>/dataset_info.json           the ``datasets`` features
+    <folder>/draftline.json              DatasetMeta: tokenizer, template, thinking mode, counts, shards
+    <folder>/order.npy                   a merged (training) set only: the seeded training order of its rows
+
+Rows (:data:`FEATURES`): ``id``, ``source`` (strings), ``input_ids`` (list<int32>: Qwen ids need 32 bits),
+``loss_mask`` (list<bool>: Arrow bit-packs it, 1/8 byte per token, so a row costs ~4.13 bytes per token),
+``num_tokens``, ``num_loss_tokens`` (int32). Columns are built from numpy buffers and list offsets
+(:func:`build_table`), never from Python lists of ints.
+
+Shards are written once and never rewritten, so a merge can carry old shards byte-identical beside new ones
+(DVC then stores only the new data): :class:`ShardWriter` writes shards, :func:`write_folder_index` writes
+``state.json`` + ``dataset_info.json`` for any list of shard files, :func:`shard_files` lists them.
+
+A training set (``data/merged``) adds ``order.npy``, an int64 permutation of its rows (row ``order[k]`` is
+trained k-th): :func:`training_order` makes it, :func:`load_training_set` reads the folder and checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from draftline.core.files import atomic_path, write_json
+from draftline.core.fingerprint import folder_fingerprint
+
+# Bump when the columns or their meaning change; readers refuse other versions instead of misreading them.
+SCHEMA_VERSION = 1
+
+FEATURES = datasets.Features(
+    {
+        "id": datasets.Value("string"),
+        "source": datasets.Value("string"),
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "loss_mask": datasets.List(datasets.Value("bool")),
+        "num_tokens": datasets.Value("int32"),
+        "num_loss_tokens": datasets.Value("int32"),
+    }
+)
+# Carries the ``huggingface`` features metadata, so each shard file describes itself to ``datasets``.
+SCHEMA: pa.Schema = FEATURES.arrow_schema
+
+META_FILE = "draftline.json"
+ORDER_FILE = "order.npy"
+MAX_SHARD_BYTES = 500 * 1000 * 1000
+# Rows per Arrow record batch inside a shard: fixed, so the bytes never depend on how the input was chunked.
+BATCH_ROWS = 1024
+# Bytes a shard spends outside its rows (the schema with its ``huggingface`` metadata, the end-of-stream marker).
+SHARD_HEADER_BYTES = 4096
+
+# Fields of DatasetMeta that must agree before two datasets may be concatenated or trained on together.
+COMPAT_FIELDS = (
+    "schema_version",
+    "tokenizer_fingerprint",
+    "chat_template_sha256",
+    "enable_thinking",
+    "mask_token_id",
+    "end_of_turn_token_id",
+)
+
+
+@dataclass
+class ShardInfo:
+    """One shard file and its counts (listed in ``draftline.json`` so a merge need not reopen old shards)."""
+
+    filename: str
+    num_rows: int
+    num_tokens: int
+    num_loss_tokens: int
+    num_bytes: int
+
+
+@dataclass
+class DatasetMeta:
+    """``draftline.json``: what every row of the folder was made with, and its totals."""
+
+    tokenizer_fingerprint: str
+    chat_template_sha256: str
+    # The generation run's thinking mode; None when the rows mix both modes.
+    enable_thinking: bool | None
+    max_len: int
+    mask_token_id: int
+    end_of_turn_token_id: int
+    schema_version: int = SCHEMA_VERSION
+    num_rows: int = 0
+    num_tokens: int = 0
+    num_loss_tokens: int = 0
+    shards: list[ShardInfo] = field(default_factory=list)
+
+    def set_shards(self, shards: list[ShardInfo]) -> None:
+        """Record the shards and recompute the totals from them, so the two can never disagree."""
+        self.shards = list(shards)
+        self.num_rows = sum(s.num_rows for s in shards)
+        self.num_tokens = sum(s.num_tokens for s in shards)
+        self.num_loss_tokens = sum(s.num_loss_tokens for s in shards)
+
+    def compat_key(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in COMPAT_FIELDS}
+
+    def check_compatible(self, other: "DatasetMeta", what: str = "datasets") -> None:
+        """Raise a clear error naming every field on which two datasets disagree."""
+        a, b = self.compat_key(), other.compat_key()
+        diff = {k: (a[k], b[k]) for k in COMPAT_FIELDS if a[k] != b[k]}
+        if diff:
+            raise ValueError(
+                f"{what} were made differently and cannot be combined: "
+                + ", ".join(f"{k} {x!r} != {y!r}" for k, (x, y) in diff.items())
+                + "; re-tokenize them with the same target and generation settings"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DatasetMeta":
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        kw["shards"] = [ShardInfo(**s) for s in kw.get("shards", [])]
+        return cls(**kw)
+
+
+def build_table(
+    ids: list[str],
+    sources: list[str],
+    offsets: np.ndarray,
+    input_ids: np.ndarray,
+    loss_mask: np.ndarray,
+) -> pa.Table:
+    """Rows from flat buffers: row ``i`` is ``input_ids[offsets[i]:offsets[i+1]]`` (and the same of ``loss_mask``).
+
+    ``offsets`` has ``len(ids) + 1`` entries starting at 0; the token buffers are zero-copied into Arrow.
+    """
+    offsets = np.ascontiguousarray(offsets, dtype=np.int32)
+    input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
+    loss_mask = np.ascontiguousarray(loss_mask, dtype=np.bool_)
+    if len(offsets) != len(ids) + 1 or len(sources) != len(ids) or offsets[0] != 0:
+        raise ValueError("build_table: offsets must have one entry per row plus a leading 0")
+    if not (len(input_ids) == len(loss_mask) == offsets[-1]):
+        raise ValueError("build_table: input_ids and loss_mask must both hold offsets[-1] tokens")
+    pa_offsets = pa.array(offsets, type=pa.int32())
+    lengths = np.diff(offsets).astype(np.int32)
+    # Per-row sums without a running sum over every token (8 bytes a token, page-faulted in a fresh process).
+    loss_counts = np.zeros(len(ids), dtype=np.int32)
+    nonempty = lengths > 0
+    if nonempty.any():
+        loss_counts[nonempty] = np.add.reduceat(loss_mask.view(np.uint8), offsets[:-1][nonempty], dtype=np.int32)
+    return pa.Table.from_arrays(
+        [
+            pa.array(ids, type=pa.string()),
+            pa.array(sources, type=pa.string()),
+            pa.ListArray.from_arrays(pa_offsets, pa.array(input_ids, type=pa.int32())),
+            pa.ListArray.from_arrays(pa_offsets, pa.array(loss_mask, type=pa.bool_())),
+            pa.array(lengths),
+            pa.array(loss_counts),
+        ],
+        schema=SCHEMA,
+    )
+
+
+def empty_table() -> pa.Table:
+    return SCHEMA.empty_table()
+
+
+def _row_bytes(table: pa.Table) -> np.ndarray:
+    """Bytes each row takes in a shard (ids 4/token, mask 1/8 per token, strings, 4-byte offsets and ints).
+
+    Computed from the row's content alone, so shard boundaries do not depend on how rows arrived in chunks.
+    """
+    n = table.column("num_tokens").to_numpy().astype(np.int64)
+    text = sum(
+        pc.binary_length(table.column(c).cast(pa.binary())).to_numpy().astype(np.int64) for c in ("id", "source")
+    )
+    # +1: each record batch of BATCH_ROWS rows adds well under BATCH_ROWS bytes of message headers and padding.
+    return 4 * n + (n + 7) // 8 + text + 4 * 4 + 2 * 4 + 1
+
+
+def _canonical(table: pa.Table) -> pa.Table:
+    """Rebuild ``table`` from plain buffers: concatenated slices may carry extra validity bitmaps or offsets
+    that change the file bytes, and shards must be byte-identical however the rows were chunked."""
+    n = table.column("num_tokens").to_numpy()
+    return build_table(
+        table.column("id").to_pylist(),
+        table.column("source").to_pylist(),
+        np.concatenate([[0], np.cumsum(n, dtype=np.int64)]),
+        pc.list_flatten(table.column("input_ids")).to_numpy(),
+        pc.list_flatten(table.column("loss_mask")).to_numpy(zero_copy_only=False),
+    )
+
+
+def shard_name(index: int, total: int, prefix: str = "data") -> str:
+    """``data-00000-of-00002.arrow``, as ``save_to_disk`` names them; a merge may use another prefix."""
+    return f"{prefix}-{index:05d}-of-{total:05d}.arrow"
+
+
+class ShardWriter:
+    """Cuts a stream of row tables into shard files of at most ``max_shard_bytes`` in ``folder``.
+
+    Shards are named by :func:`shard_name` once their count is known (on :meth:`close`). A single row larger
+    than the limit gets a shard of its own. Write into a temporary folder (see :func:`write_dataset`).
+    """
+
+    def __init__(self, folder: str | os.PathLike, max_shard_bytes: int = MAX_SHARD_BYTES, prefix: str = "data"):
+        if max_shard_bytes <= 0:
+            raise ValueError("max_shard_bytes must be positive")
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.max_shard_bytes = max_shard_bytes
+        self.prefix = prefix
+        self._pending: list[pa.Table] = []
+        self._pending_bytes = 0
+        self._written: list[ShardInfo] = []
+
+    def add(self, table: pa.Table) -> None:
+        if not table.schema.equals(SCHEMA):
+            table = table.cast(SCHEMA)
+        sizes = _row_bytes(table)
+        start = 0
+        while start < len(sizes):
+            room = self.max_shard_bytes - SHARD_HEADER_BYTES - self._pending_bytes
+            cum = np.cumsum(sizes[start:])
+            take = int(np.searchsorted(cum, room, side="right"))
+            if take == 0 and not self._pending:
+                take = 1
+            if take:
+                self._pending.append(table.slice(start, take))
+                self._pending_bytes += int(cum[take - 1])
+                start += take
+            if start < len(sizes):
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        table = _canonical(pa.concat_tables(self._pending))
+        path = self.folder / f".{self.prefix}-{len(self._written):05d}.partial"
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+            for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+                writer.write_batch(batch)
+        self._written.append(
+            ShardInfo(
+                filename=path.name,
+                num_rows=table.num_rows,
+                num_tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
+                num_loss_tokens=int(pc.sum(table.column("num_loss_tokens")).as_py() or 0),
+                num_bytes=path.stat().st_size,
+            )
+        )
+        self._pending, self._pending_bytes = [], 0
+
+    def close(self) -> list[ShardInfo]:
+        """Write the last shard and give every shard its final name. An empty stream still gets one shard,
+        so the folder always loads (as zero rows)."""
+        if self._pending or not self._written:
+            self._pending = self._pending or [empty_table()]
+            self._flush()
+        total = len(self._written)
+        for i, info in enumerate(self._written):
+            final = shard_name(i, total, self.prefix)
+            os.replace(self.folder / info.filename, self.folder / final)
+            info.filename = final
+        return self._written
+
+
+def write_folder_index(folder: str | os.PathLike, filenames: list[str], fingerprint: str | None = None) -> None:
+    """Write ``state.json`` and ``dataset_info.json`` so ``datasets.load_from_disk`` reads these shards, in order.
+
+    ``fingerprint`` replaces :func:`folder_fingerprint` (a merge derives one from its base's, so as not to read
+    the carried shards again)."""
+    state = {
+        "_data_files": [{"filename": f} for f in filenames],
+        "_fingerprint": fingerprint or folder_fingerprint(folder, filenames),
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None,
+    }
+    info = {"citation": "", "description": "", "features": FEATURES.to_dict(), "homepage": "", "license": ""}
+    write_json(Path(folder) / "state.json", state)
+    write_json(Path(folder) / "dataset_info.json", info)
+
+
+def write_meta(folder: str | os.PathLike, meta: DatasetMeta) -> None:
+    write_json(Path(folder) / META_FILE, meta.to_dict())
+
+
+def read_meta(folder: str | os.PathLike) -> DatasetMeta:
+    """Read ``draftline.json``; a folder of another schema version is an error, never misread."""
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {folder} is not a draftline dataset (run the tokenize stage)")
+    meta = DatasetMeta.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    if meta.schema_version != SCHEMA_VERSION:
+        raise ValueError(
+            f"{path} has schema_version {meta.schema_version}, this draftline reads {SCHEMA_VERSION}; re-run tokenize"
+        )
+    return meta
+
+
+def shard_files(folder: str | os.PathLike) -> list[str]:
+    """The shard file names of a dataset folder, in row order (from its ``state.json``)."""
+    state = json.loads((Path(folder) / "state.json").read_text(encoding="utf-8"))
+    return [f["filename"] for f in state["_data_files"]]
+
+
+def write_dataset(
+    path: str | os.PathLike,
+    tables: Iterable[pa.Table],
+    meta: DatasetMeta,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> DatasetMeta:
+    """Write a whole dataset folder atomically: shards, ``state.json``, ``dataset_info.json``, ``draftline.json``.
+
+    The folder appears only when complete (written under a temporary name, then renamed). Returns ``meta``
+    with its shards and totals filled in.
+    """
+    with atomic_path(path) as tmp:
+        writer = ShardWriter(tmp, max_shard_bytes)
+        for table in tables:
+            writer.add(table)
+        meta.set_shards(writer.close())
+        write_folder_index(tmp, [s.filename for s in meta.shards])
+        write_meta(tmp, meta)
+    return meta
+
+
+def load(path: str | os.PathLike) -> datasets.Dataset:
+    """Open a dataset folder memory-mapped (never read into RAM), after checking its schema version."""
+    read_meta(path)
+    return datasets.load_from_disk(str(path), keep_in_memory=False)
+
+
+def training_order(num_rows: int, seed: int) -> np.ndarray:
+    """The seeded permutation the trainer walks: same seed and row count, same order, on any machine."""
+    return np.random.default_rng(seed).permutation(num_rows).astype(np.int64)
+
+
+def load_training_set(path: str | os.PathLike) -> tuple[datasets.Dataset, np.ndarray, DatasetMeta]:
+    """A training set (memory-mapped), its order, checked to be a permutation of its rows, and its metadata."""
+    meta = read_meta(path)
+    ds = datasets.load_from_disk(str(path), keep_in_memory=False)
+    order = np.load(Path(path) / ORDER_FILE, allow_pickle=False)
+    if order.dtype != np.int64 or order.shape != (len(ds),) or not np.array_equal(np.sort(order), np.arange(len(ds))):
+        raise ValueError(f"{Path(path) / ORDER_FILE} is not a permutation of the {len(ds)} rows: re-run the merge stage")
+    return ds, order, meta

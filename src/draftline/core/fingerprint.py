@@ -1,0 +1,130 @@
+"""Content fingerprints of a checkpoint folder: what decides whether data made with one target fits another.
+
+A fingerprint depends on file names and bytes only, never on the folder's path or timestamps, so the same
+tokenizer copied anywhere has the same fingerprint and a single changed merge rule gives a different one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+# Every file transformers may read to build a tokenizer or its chat template (the rest of a folder is weights).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+# Named templates that transformers 5 keeps beside chat_template.jinja.
+EXTRA_TEMPLATES_DIR = "additional_chat_templates"
+MODEL_FILES = ("config.json", "generation_config.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def template_sha256(template: str | dict[str, str] | None) -> str:
+    """sha256 of a chat template; named templates (a dict) are hashed as canonical JSON."""
+    if template is None:
+        raise ValueError("the tokenizer has no chat template; add chat_template.jinja to the target folder")
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True, ensure_ascii=False)
+    return sha256_bytes(text.encode("utf-8"))
+
+
+def _digest(entries: list[tuple[str, str]]) -> str:
+    """One sha256 over ``(name, sha256)`` pairs, in name order, so that listing order never matters."""
+    h = hashlib.sha256()
+    for name, digest in sorted(entries):
+        h.update(name.encode("utf-8") + b"\0" + digest.encode("ascii") + b"\n")
+    return h.hexdigest()
+
+
+def tokenizer_files(folder: str | os.PathLike) -> list[Path]:
+    folder = Path(folder)
+    found = [folder / n for n in TOKENIZER_FILES if (folder / n).is_file()]
+    extra = folder / EXTRA_TEMPLATES_DIR
+    if extra.is_dir():
+        found += sorted(p for p in extra.iterdir() if p.is_file())
+    return found
+
+
+def tokenizer_fingerprint(folder: str | os.PathLike, chat_template: str | dict[str, str] | None) -> str:
+    """sha256 over every tokenizer file of ``folder`` and the chat template the tokenizer actually uses.
+
+    The template is hashed on its own as well because transformers can take it from several places
+    (tokenizer_config.json, chat_template.jinja, chat_template.json); whichever it used is what counts.
+    """
+    folder = Path(folder)
+    entries = [(p.relative_to(folder).as_posix(), sha256_file(p)) for p in tokenizer_files(folder)]
+    if not entries:
+        raise FileNotFoundError(f"{folder} holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})")
+    entries.append(("<chat_template>", template_sha256(chat_template)))
+    return _digest(entries)
+
+
+def weight_files(folder: str | os.PathLike) -> list[Path]:
+    folder = Path(folder)
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+
+
+def model_fingerprint(folder: str | os.PathLike, hash_weights: bool = True) -> str | None:
+    """sha256 over config, weight index and weights; None for a folder without weights (tokenizer only).
+
+    ``hash_weights=False`` identifies each weight file by name and size only: enough to tell checkpoints apart
+    in practice and instant, where reading every byte of a 50 GB checkpoint takes about half a minute.
+    """
+    folder = Path(folder)
+    weights = weight_files(folder)
+    if not weights:
+        return None
+    entries: list[tuple[str, Any]] = [
+        (n, sha256_file(folder / n)) for n in MODEL_FILES + WEIGHT_INDEXES if (folder / n).is_file()
+    ]
+    for p in weights:
+        entries.append((p.name, sha256_file(p) if hash_weights else f"size={p.stat().st_size}"))
+    return _digest(entries)
+
+
+def folder_fingerprint(folder: str | os.PathLike, filenames: list[str]) -> str:
+    """xxh3-64 over the shards' names and bytes: the ``_fingerprint`` ``datasets`` keys its caches by."""
+    h = xxhash.xxh3_64()
+    for name in filenames:
+        h.update(name.encode())
+        with open(Path(folder) / name, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def folder_digest(path: str | os.PathLike) -> str:
+    """xxh3-128 over every file's relative name and bytes, in sorted order (HF cache files excluded)."""
+    h = xxhash.xxh3_128()
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("cache-"))
+    for p in files:
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,61 @@
+"""Loading the target for the stages after ``target``: they read ``data/target/target.json`` and nothing else.
+
+Invariants: ``target.json``'s relative ``path`` is resolved against its own folder, so a checkout works anywhere;
+every tokenizer load re-checks the fingerprint ``target.json`` recorded, so data is never made with a tokenizer
+that changed behind DVC's back; models and tokenizers load from local files only, never from a hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from draftline.core.fingerprint import tokenizer_fingerprint
+from draftline.core.records import TargetInfo
+
+TARGET_JSON = "target.json"
+
+
+def load_target(target_dir: str | os.PathLike = "data/target") -> TargetInfo:
+    """Read ``target.json``; its relative ``path`` is resolved against ``target_dir``, so the result works anywhere."""
+    target_dir = Path(target_dir)
+    file = target_dir / TARGET_JSON
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist: run the target stage first (dvc repro target)")
+    info = TargetInfo.from_dict(json.loads(file.read_text(encoding="utf-8")))
+    if not os.path.isabs(info.path):
+        info.path = os.path.normpath(target_dir.absolute() / info.path)
+    return info
+
+
+def load_tokenizer(info: TargetInfo, check: bool = True):
+    """The target's tokenizer (``AutoTokenizer``, local files only).
+
+    ``check`` recomputes the tokenizer fingerprint (milliseconds): a folder whose tokenizer changed after the
+    target stage ran would otherwise make data that silently disagrees with ``target.json``.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(info.path, local_files_only=True)
+    if check and tokenizer_fingerprint(info.path, tok.chat_template) != info.tokenizer_fingerprint:
+        raise ValueError(
+            f"the tokenizer in {info.path} changed since the target stage described it; "
+            "rerun it (dvc repro -f target) and the stages after it"
+        )
+    return tok
+
+
+def load_model(info: TargetInfo, dtype: Any = "auto", device: Any = None):
+    """The target model (``AutoModelForCausalLM``, local files only), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    if info.model_fingerprint is None:
+        raise ValueError(
+            f"{info.path} holds no model weights (only a tokenizer): point target.path at the full checkpoint"
+        )
+    model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype, local_files_only=True)
+    if device is not None:
+        model = model.to(device)
+    return model.eval()

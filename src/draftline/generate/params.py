@@ -1,0 +1,69 @@
+"""``params.yaml: generate``: the backend, the sampling (part of the journal key) and how requests are sent."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from draftline.core.params import Params, ParamsError
+
+# The sampling params: with the target, thinking mode, backend (and the local backend's settings) they decide a
+# result, so they make up the journal key; the transport settings do not.
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
+
+
+@dataclass(frozen=True)
+class LocalParams(Params):
+    """``generate.local``: the target in-process (batch shape changes float results: part of the journal key)."""
+
+    device: str
+    dtype: Literal["float32", "bfloat16", "float16", "auto"]
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class LaunchParams(Params):
+    """``generate.launch``: the SGLang server the stage starts and stops itself."""
+
+    gpus: str | int | list[int] | None
+    dp_size: int
+    tp_size: int
+    host: str
+    port: int
+    extra_args: list[str]
+    health_timeout_s: float
+
+
+@dataclass(frozen=True)
+class GenerateParams(Params):
+    """``params.yaml: generate`` (documented there and in docs/generate.md)."""
+
+    backend: Literal["local", "sglang"]
+    enable_thinking: bool
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    shard_size: int
+    keep_truncated: bool
+    model: str | None
+    endpoints: list[str]
+    concurrency: int
+    timeout_s: float
+    retries: int
+    backoff_s: float
+    backoff_max_s: float
+    launch: LaunchParams | None
+    local: LocalParams
+
+    def validate(self, where: str) -> None:
+        if self.max_tokens < 1 or self.shard_size < 1 or self.concurrency < 1 or self.retries < 0:
+            raise ParamsError(f"params.yaml: {where}: max_tokens, shard_size and concurrency must be >= 1, retries >= 0")
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in SAMPLING_KEYS}
+
+    def local_dict(self) -> dict[str, Any]:
+        return asdict(self.local)

@@ -1,0 +1,219 @@
+"""The checks a merge makes before it writes anything: the base's rows must be made with the target's tokenizer,
+and its columns must cast to the draftline schema without losing or changing a value.
+
+A wrong tokenizer does not crash training: every token id silently means another token. So a base is accepted
+only on evidence (its ``draftline.json`` fingerprint, or for a legacy folder the tokenizer it names) and the
+evidence is then tested: a sample of its rows must decode and re-encode to the same ids under the target's
+tokenizer, which no other vocabulary survives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.types as pat
+import xxhash
+
+from draftline.core.dataset import SCHEMA, build_table
+
+# Ids given to legacy rows that had none: the hash of their prompt tokens, so a later round can still match
+# new rows against them (merge.find_overlap looks for this prefix).
+PROMPT_KEY_PREFIX = "prompt-xxh3:"
+# The source recorded for legacy rows that carry no `source` column.
+LEGACY_SOURCE = "legacy"
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+class MergeGuardError(ValueError):
+    """A base that must not be merged: the message says which guard fired and what to change."""
+
+
+@dataclass
+class CastPlan:
+    """How one dataset's columns become :data:`dataset_format.SCHEMA`, decided from its schema alone."""
+
+    # column -> "int64 -> int32" for every column whose type changes.
+    casts: dict[str, str] = field(default_factory=dict)
+    # Columns the base lacks and that are derived from its tokens (id, source, counts).
+    derived: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def identity(self) -> bool:
+        """True when the shards already have the schema: they can be carried byte-identical."""
+        return not (self.casts or self.derived or self.dropped)
+
+
+def plan_casts(schema: pa.Schema, where: str, legacy: bool, drop_columns: list[str]) -> CastPlan:
+    """Decide the safe cast of every column, or refuse naming the column.
+
+    Safe means no value can change: integer ids to int32 (their range is checked on the data later), an
+    integer or bool mask to bool (0/1 checked later), large strings to strings. A draftline dataset must hold
+    every column; a legacy one may lack ``id``, ``source`` and the counts, which are derived from its tokens.
+    """
+    plan = CastPlan()
+    names = set(schema.names)
+    for name in schema.names:
+        if name not in SCHEMA.names:
+            if name in drop_columns:
+                plan.dropped.append(name)
+                continue
+            raise MergeGuardError(
+                f"{where}: column {name!r} is not part of the draftline schema {SCHEMA.names}; "
+                f"add it to merge.drop_columns to drop it"
+            )
+        have, want = schema.field(name).type, SCHEMA.field(name).type
+        if have == want:
+            continue
+        if name in ("input_ids", "loss_mask"):
+            inner = have.value_type if (pat.is_list(have) or pat.is_large_list(have)) else None
+            ok = inner is not None and (pat.is_integer(inner) or (name == "loss_mask" and pat.is_boolean(inner)))
+        elif name in ("id", "source"):
+            ok = pat.is_large_string(have)
+        else:  # num_tokens, num_loss_tokens: recomputed from the tokens, so any integer type will do
+            ok = pat.is_integer(have)
+        if not ok:
+            raise MergeGuardError(
+                f"{where}: column {name!r} has type {have}, which does not cast safely to {want}; "
+                f"convert it (or re-tokenize the base) before merging"
+            )
+        plan.casts[name] = f"{have} -> {want}"
+    for name in ("input_ids", "loss_mask"):
+        if name not in names:
+            raise MergeGuardError(f"{where}: column {name!r} is missing; a tokenized dataset needs input_ids and loss_mask")
+    for name in ("id", "source", "num_tokens", "num_loss_tokens"):
+        if name not in names:
+            if not legacy:
+                raise MergeGuardError(f"{where}: column {name!r} is missing although the folder has a draftline.json")
+            plan.derived.append(name)
+    return plan
+
+
+def check_values(table: pa.Table, plan: CastPlan, where: str, vocab_size: int | None) -> None:
+    """Check on the data what :func:`plan_casts` assumed: ids in int32 range (and in the vocabulary when it is
+    known), a mask of 0/1 as long as its row, no missing values. Refuses naming the column."""
+    ids = table.column("input_ids")
+    mask = table.column("loss_mask")
+    for name, col in (("input_ids", ids), ("loss_mask", mask)):
+        if col.null_count or pc.list_flatten(col).null_count:
+            raise MergeGuardError(f"{where}: column {name!r} has missing values")
+    flat = pc.list_flatten(ids)
+    if len(flat):
+        lo, hi = pc.min_max(flat).values()
+        lo, hi = lo.as_py(), hi.as_py()
+        limit = min(_INT32_MAX, vocab_size - 1) if vocab_size else _INT32_MAX
+        if lo < 0 or hi > limit:
+            raise MergeGuardError(
+                f"{where}: column 'input_ids' holds ids in [{lo}, {hi}], outside [0, {limit}]"
+                + (" (the target's vocabulary): made with another tokenizer?" if vocab_size else " (int32)")
+            )
+    if "loss_mask" in plan.casts:
+        values = pc.list_flatten(mask)
+        if not pat.is_boolean(values.type) and len(values):
+            lo, hi = (v.as_py() for v in pc.min_max(values).values())
+            if lo < 0 or hi > 1:
+                raise MergeGuardError(f"{where}: column 'loss_mask' holds values in [{lo}, {hi}]; only 0/1 cast to bool")
+    if len(table) and not pc.all(pc.equal(pc.list_value_length(ids), pc.list_value_length(mask))).as_py():
+        raise MergeGuardError(f"{where}: columns 'input_ids' and 'loss_mask' differ in length on some rows")
+    for name in ("id", "source"):
+        if name in table.column_names and table.column(name).null_count:
+            raise MergeGuardError(f"{where}: column {name!r} has missing values")
+    offsets, _, flat_mask = flat_tokens(table)
+    cum_loss = np.concatenate([[0], np.cumsum(flat_mask, dtype=np.int64)])
+    for name, counts in (("num_tokens", np.diff(offsets)), ("num_loss_tokens", np.diff(cum_loss[offsets]))):
+        if name in table.column_names and not np.array_equal(table.column(name).to_numpy(), counts):
+            raise MergeGuardError(f"{where}: column {name!r} disagrees with the tokens it counts; drop it or fix it")
+
+
+def flat_tokens(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(offsets, input_ids, loss_mask)`` as numpy: int64 offsets from 0, int32 ids, bool mask."""
+    ids = table.column("input_ids")
+    lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens = pc.list_flatten(ids).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    mask = pc.list_flatten(table.column("loss_mask")).to_numpy(zero_copy_only=False).astype(np.bool_, copy=False)
+    return offsets, tokens, mask
+
+
+def prompt_keys(table: pa.Table) -> list[str]:
+    """Each row's prompt key: xxh3-128 of its prompt tokens (those before the first masked one) as int32 bytes.
+
+    It identifies a prompt across datasets that have no shared ids, e.g. a legacy base and new rows.
+    """
+    offsets, tokens, mask = flat_tokens(table)
+    starts = offsets[:-1]
+    masked = np.append(np.flatnonzero(mask), offsets[-1])
+    # First masked position at or after each row's start; past the row's end means the row is all prompt.
+    first = np.minimum(masked[np.searchsorted(masked, starts)], offsets[1:])
+    buf = tokens.astype("<i4", copy=False).tobytes()
+    return [PROMPT_KEY_PREFIX + xxhash.xxh3_128_hexdigest(buf[4 * s : 4 * e]) for s, e in zip(starts, first)]
+
+
+def apply_casts(table: pa.Table, plan: CastPlan, keys: list[str] | None = None) -> pa.Table:
+    """The table in the draftline schema (after :func:`check_values` passed). A legacy table without ids gets
+    its :func:`prompt_keys` (pass ``keys`` when they are already computed); without sources, ``legacy``."""
+    if plan.identity:
+        return table
+    offsets, tokens, mask = flat_tokens(table)
+    if "id" in plan.derived:
+        ids = keys if keys is not None else prompt_keys(table)
+    else:
+        ids = table.column("id").to_pylist()
+    sources = [LEGACY_SOURCE] * len(table) if "source" in plan.derived else table.column("source").to_pylist()
+    return build_table(ids, sources, offsets, tokens, mask)
+
+
+def check_tokenizer_claim(
+    base_meta: Any | None,
+    new_meta: Any,
+    base_tokenizer_fingerprint: str | None,
+    assume_same_tokenizer: bool,
+    where: str,
+) -> str:
+    """Decide whether the base may claim the new data's tokenizer; return how the claim was made.
+
+    ``base_meta`` is the base's :class:`DatasetMeta` (None for a legacy folder). Every compatibility field of
+    its ``draftline.json`` must match the new data's; a legacy base needs ``merge.base_tokenizer`` (whose
+    fingerprint must match) or ``merge.assume_same_tokenizer``.
+    """
+    if base_meta is not None:
+        try:
+            base_meta.check_compatible(new_meta, what=f"the base {where} and the new data")
+        except ValueError as e:
+            raise MergeGuardError(str(e)) from None
+        return "draftline.json"
+    if base_tokenizer_fingerprint is not None:
+        if base_tokenizer_fingerprint != new_meta.tokenizer_fingerprint:
+            raise MergeGuardError(
+                f"the base {where} was made with merge.base_tokenizer (fingerprint {base_tokenizer_fingerprint[:12]}), "
+                f"the new data with another tokenizer ({new_meta.tokenizer_fingerprint[:12]}): their ids do not mean "
+                "the same tokens; re-tokenize the base with the target"
+            )
+        return "base_tokenizer"
+    if assume_same_tokenizer:
+        return "assumed"
+    raise MergeGuardError(
+        f"the base {where} has no draftline.json, so nothing says which tokenizer made it; set merge.base_tokenizer "
+        "to the tokenizer folder it was made with, or merge.assume_same_tokenizer: true if it was the target's"
+    )
+
+
+def check_reencoded(matched: int, checked: int, min_match: float, where: str) -> dict[str, int]:
+    """Judge the re-encode check (:mod:`draftline.merge.reencode`): ``matched`` of ``checked`` sampled base rows
+    decoded and re-encoded to the same ids under the target's tokenizer.
+
+    Rows cut mid-character (truncated) or tokenized in pieces (legacy pipelines drift on ~2% of rows) may not
+    round-trip under the right tokenizer either, hence a match fraction rather than all; a wrong vocabulary
+    matches almost none.
+    """
+    if matched < min_match * checked:
+        raise MergeGuardError(
+            f"the base {where}: only {matched} of {checked} sampled rows decode and re-encode to the same ids "
+            f"under the target's tokenizer (merge.check_min_match is {min_match}): the base was made with another "
+            "tokenizer; re-tokenize it with the target instead of merging it"
+        )
+    return {"checked": checked, "matched": matched}

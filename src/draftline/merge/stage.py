@@ -1,0 +1,271 @@
+"""The ``merge`` stage: an existing training set (``merge.base``) + the new tokenized rows -> ``data/merged``.
+
+The merged folder is a ``save_to_disk`` folder whose first shards are the base's own shard files, carried
+byte-identical (:mod:`draftline.merge.carry`: reflink, hardlink or copy), and whose last shards hold the new
+rows; DVC stores files by content, so its cache grows by the new shards alone and the previous version stays
+restorable (``git checkout`` + ``dvc checkout``). The guards of :mod:`draftline.merge.guards` run before
+anything is published, and new rows whose prompt the base already holds are dropped and counted. Training order
+is a seeded permutation in ``order.npy``, not a shuffled copy.
+
+A merge costs what the new data costs: the base is never read whole. Its ids, counts and sources are read from
+the memory-mapped shards (a few bytes per row), its shards are linked rather than copied where that is safe,
+the merged folder's fingerprint is derived from the base's instead of rehashing it, and the re-encode check
+(whose tokenizer load is the one fixed cost) runs in a child process while the new shards are written.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from draftline.core import dataset as fmt
+from draftline.core.files import atomic_path, write_json
+from draftline.core.fingerprint import tokenizer_fingerprint
+from draftline.core.logs import get_logger
+from draftline.core.params import Params, ParamsError
+from draftline.core.records import TargetInfo
+from draftline.core.target import load_target, load_tokenizer
+from draftline.merge.carry import Carrier, make_read_only
+from draftline.merge.guards import MergeGuardError, apply_casts, check_reencoded, check_tokenizer_claim, prompt_keys
+from draftline.merge.parts import Counts, Part, find_overlap, kept_rows, open_part, shard_info, stats_of
+from draftline.merge.reencode import count_round_trips, start_check
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class MergeParams(Params):
+    """``params.yaml: merge`` (each key is documented there and in docs/merge.md)."""
+
+    base: str | None
+    base_tokenizer: str | None
+    assume_same_tokenizer: bool
+    check_rows: int
+    check_min_match: float
+    drop_columns: list[str]
+    seed: int
+    carry: Literal["auto", "reflink", "hardlink", "copy"]
+
+    def validate(self, where: str) -> None:
+        if self.check_rows < 0 or not 0.0 <= self.check_min_match <= 1.0:
+            raise ParamsError(f"params.yaml: {where}.check_rows must be >= 0 and {where}.check_min_match in [0, 1]")
+
+
+def _check_claim(params: MergeParams, base: Part, new_meta: fmt.DatasetMeta) -> str:
+    """The base's tokenizer claim (see merge_guards.check_tokenizer_claim); returns how it was made."""
+    claimed_fp = None
+    if base.meta is None and params.base_tokenizer:
+        from transformers import AutoTokenizer
+
+        base_tok = AutoTokenizer.from_pretrained(params.base_tokenizer, local_files_only=True)
+        try:
+            claimed_fp = tokenizer_fingerprint(params.base_tokenizer, base_tok.chat_template)
+        except ValueError as e:
+            raise MergeGuardError(f"merge.base_tokenizer {params.base_tokenizer}: {e}") from None
+    return check_tokenizer_claim(base.meta, new_meta, claimed_fp, params.assume_same_tokenizer, base.where)
+
+
+def _start_reencode(params: MergeParams, base: Part, info: TargetInfo) -> Callable[[], dict]:
+    """Start the re-encode check on a seeded sample of base rows; the returned call waits for its verdict
+    (a dict for the metrics) or raises :class:`MergeGuardError`."""
+    k = min(params.check_rows, base.num_rows)
+    if not k:
+        return dict
+    rng = np.random.default_rng(params.seed)
+    picks = np.sort(rng.choice(base.num_rows, size=k, replace=False))
+    # Row by row: a take() over the whole memory-mapped column would first copy all of it into one chunk.
+    starts = np.cumsum([0] + [t.num_rows for t in base.tables])
+    sample = []
+    for i in picks:
+        t = int(np.searchsorted(starts, i, side="right")) - 1
+        sample.append(base.tables[t].column("input_ids")[int(i - starts[t])].as_py())
+    tokenizer_json = Path(info.path) / "tokenizer.json"
+    if tokenizer_json.is_file():
+        matched = start_check(tokenizer_json, sample)
+    else:  # a folder only transformers can read (no tokenizer.json): in this process
+        matched = Future()
+        matched.set_result(count_round_trips(load_tokenizer(info).backend_tokenizer, sample))
+    return lambda: check_reencoded(matched.result(), k, params.check_min_match, base.where)
+
+
+def _write_shards(
+    tmp: Path, base: Part | None, legacy_keys: list[str], new: Part, kept: pa.Table, carrier: Carrier
+) -> tuple[list[fmt.ShardInfo], list[pa.Table]]:
+    """Stage the base's shards, then the new rows', in ``tmp``; returns their infos (base first) and the
+    base's tables as written (for its stats)."""
+    staged: list[fmt.ShardInfo] = []
+    base_tables: list[pa.Table] = []
+
+    def carry(part: Part, tag: str) -> None:
+        for i, (f, t) in enumerate(zip(part.files, part.tables)):
+            dst = tmp / f".{tag}-{i:05d}.arrow"
+            carrier.carry(part.folder / f, dst)
+            staged.append(shard_info(t, dst))
+
+    if base is not None and base.plan.identity:
+        carry(base, "base")
+        base_tables = base.tables
+    elif base is not None:
+        # Casts change the bytes anyway, so the base is re-cut into standard shards (a one-time cost: the
+        # merged folder, the next round's base, is already in the schema and is carried from then on).
+        writer = fmt.ShardWriter(tmp, prefix="base")
+        start = 0
+        for t in base.tables:
+            keys = legacy_keys[start : start + t.num_rows] if "id" in base.plan.derived else None
+            start += t.num_rows
+            cast = apply_casts(t, base.plan, keys)
+            base_tables.append(cast.select(["num_tokens", "num_loss_tokens", "source"]))
+            writer.add(cast)
+        staged += writer.close()
+    if kept.num_rows == new.num_rows and new.plan.identity:
+        carry(new, "new")
+    else:
+        writer = fmt.ShardWriter(tmp, prefix="new")
+        writer.add(kept)
+        staged += writer.close()
+    for i, s in enumerate(staged):
+        final = fmt.shard_name(i, len(staged))
+        os.replace(tmp / s.filename, tmp / final)
+        s.filename = final
+    return staged, base_tables
+
+
+def _fingerprint(base: Part | None, new: Part, drop: np.ndarray) -> str | None:
+    """The merged folder's ``_fingerprint``: the key ``datasets`` names cache files inside that folder by, so it
+    must tell contents apart, not hash them. The merged bytes follow from the carried base's, the new data's
+    (their folders' fingerprints) and which new rows were dropped: hashing those reads no shard.
+    None (hash every shard) when a base was rewritten or a fingerprint is missing."""
+    if base is None or not base.plan.identity or not base.fingerprint or not new.fingerprint:
+        return None
+    dropped = xxhash.xxh3_64_hexdigest(np.packbits(drop).tobytes())
+    return xxhash.xxh3_64_hexdigest(f"{base.fingerprint}+{new.fingerprint}-{dropped}".encode())
+
+
+@dataclass
+class BaseCheck:
+    """The base opened and judged: its claim, the pending re-encode verdict, its legacy keys and the overlap."""
+
+    part: Part
+    claim: str
+    reencode: Callable[[], dict]
+    legacy_keys: list[str]
+
+
+def check_base(params: MergeParams, info: TargetInfo, new: Part) -> BaseCheck:
+    """Open ``merge.base`` and run every guard that can run before writing (the re-encode verdict may follow)."""
+    base = open_part(params.base, f"merge.base {params.base}", True, params.drop_columns, info.vocab_size)
+    claim = _check_claim(params, base, new.meta)
+    reencode = _start_reencode(params, base, info)
+    if not base.plan.identity:  # a base to rewrite whole: know the verdict before spending that
+        verdict = reencode()
+        reencode = lambda: verdict  # noqa: E731
+    legacy_keys = [k for t in base.tables for k in prompt_keys(t)] if base.meta is None else []
+    return BaseCheck(base, claim, reencode, legacy_keys)
+
+
+def overlap_with(base: BaseCheck | None, new_table: pa.Table) -> dict[str, np.ndarray]:
+    """Which new rows the base already holds (see :func:`find_overlap`); none without a base."""
+    if base is None:
+        none = np.zeros(new_table.num_rows, dtype=bool)
+        return {"by_id": none, "by_prompt": none}
+    tables = base.part.tables
+    id_chunks = [c for t in tables if "id" in t.column_names for c in t.column("id").cast(pa.string()).chunks]
+    return find_overlap(pa.chunked_array(id_chunks, pa.string()), new_table, base.legacy_keys)
+
+
+def merged_meta(new: Part, base_counts: Counts | None, base: Part | None, staged: list[fmt.ShardInfo]) -> fmt.DatasetMeta:
+    """The merged folder's ``draftline.json``: the new data's compatibility fields, the longer ``max_len``."""
+    meta = fmt.DatasetMeta(**{k: getattr(new.meta, k) for k in fmt.COMPAT_FIELDS}, max_len=new.meta.max_len)
+    if base_counts is not None and len(base_counts.num_tokens):
+        meta.max_len = max(meta.max_len, base.meta.max_len if base.meta else int(base_counts.num_tokens.max()))
+    meta.set_shards(staged)
+    return meta
+
+
+def merge_metrics(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts: Counts | None,
+                  overlap: dict[str, np.ndarray], reencoded: dict, carrier: Carrier,
+                  staged: list[fmt.ShardInfo]) -> dict[str, Any]:
+    b = base.part if base else None
+    kept_counts = Counts.of([kept])
+    drop = overlap["by_id"] | overlap["by_prompt"]
+    return {
+        "base": stats_of([base_counts]) if base_counts is not None else None,
+        "new": stats_of([Counts.of(new.tables)]),
+        "merged": stats_of([base_counts, kept_counts] if base_counts is not None else [kept_counts]),
+        "overlap": {
+            "new_rows": new.num_rows,
+            "dropped": int(drop.sum()),
+            "dropped_by_id": int(overlap["by_id"].sum()),
+            "dropped_by_prompt_tokens": int(overlap["by_prompt"].sum()),
+            "kept": kept.num_rows,
+        },
+        "guards": {
+            "base_kind": "none" if b is None else ("draftline" if b.meta else "legacy"),
+            **({"tokenizer_claim": base.claim, "reencode": reencoded} if base is not None else {}),
+            "casts": b.plan.casts if b else {},
+            "derived_columns": b.plan.derived if b else [],
+            "dropped_columns": b.plan.dropped if b else [],
+        },
+        "base_shards_carried": len(b.files) if b is not None and b.plan.identity else 0,
+        "carried_by": "/".join(sorted(carrier.used)) or "-",
+        "shards": len(staged),
+        "bytes": sum(s.num_bytes for s in staged),
+    }
+
+
+def run_merge(
+    params: MergeParams,
+    tokenized_dir: str | os.PathLike = "data/tokenized",
+    target_dir: str | os.PathLike = "data/target",
+    out_dir: str | os.PathLike = "data/merged",
+    metrics_path: str | os.PathLike = "metrics/merge.json",
+) -> dict[str, Any]:
+    """Run the stage; returns the metrics it writes. Raises :class:`MergeGuardError`, leaving ``out_dir`` as it
+    was, when the base does not fit the new data."""
+    started = time.perf_counter()
+    info = load_target(target_dir)
+    new = open_part(tokenized_dir, str(tokenized_dir), False, [], info.vocab_size)
+    if new.meta.tokenizer_fingerprint != info.tokenizer_fingerprint:
+        raise MergeGuardError(
+            f"{tokenized_dir} was tokenized with another tokenizer than {target_dir} describes: re-run tokenize"
+        )
+    new_table = pa.concat_tables(new.tables)
+    base = check_base(params, info, new) if params.base else None
+    overlap = overlap_with(base, new_table)
+    drop = overlap["by_id"] | overlap["by_prompt"]
+    kept = kept_rows(new_table, drop)
+
+    carrier = Carrier(params.carry, out_dir)
+    b = base.part if base else None
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        staged, base_tables = _write_shards(tmp, b, base.legacy_keys if base else [], new, kept, carrier)
+        fmt.write_folder_index(tmp, [s.filename for s in staged], _fingerprint(b, new, drop))
+        base_counts = Counts.of(base_tables) if b is not None else None
+        meta = merged_meta(new, base_counts, b, staged)
+        fmt.write_meta(tmp, meta)
+        np.save(tmp / fmt.ORDER_FILE, fmt.training_order(meta.num_rows, params.seed), allow_pickle=False)
+        # The last guard: its verdict comes before the folder is published (a refusal discards it).
+        reencoded = base.reencode() if base else {}
+        for s in staged:
+            make_read_only(tmp / s.filename)
+
+    metrics = merge_metrics(base, new, kept, base_counts, overlap, reencoded, carrier, staged)
+    write_json(metrics_path, metrics)
+    log.info(
+        "merged %d base rows (%s) + %d new rows, %d of them dropped as already in the base: %d rows in %d shards "
+        "(files carried by %s) in %.1f s",
+        b.num_rows if b else 0, ("carried" if b.plan.identity else "rewritten") if b else "none",
+        new.num_rows, int(drop.sum()), meta.num_rows, len(staged), metrics["carried_by"],
+        time.perf_counter() - started,
+    )  # fmt: skip
+    return metrics

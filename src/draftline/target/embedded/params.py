@@ -1,0 +1,34 @@
+"""``params.yaml: target.embedded``: the size and training budget of the embedded target (no torch import here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftline.core.params import Params, ParamsError
+
+
+@dataclass(frozen=True)
+class EmbeddedParams(Params):
+    """``target.embedded``; params.yaml says what each key does."""
+
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    max_position_embeddings: int
+    seq_len: int
+    batch_size: int
+    steps: int
+    lr: float
+    warmup_steps: int
+    threads: int
+    greedy_samples: int
+    greedy_tokens: int
+
+    def validate(self, where: str) -> None:
+        if self.num_layers < 4:
+            raise ParamsError(f"params.yaml: {where}.num_layers must be >= 4: the drafter taps several target layers")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ParamsError(f"params.yaml: {where}: hidden_size must divide by num_heads, num_heads by num_kv_heads")

@@ -1,0 +1,6 @@
+"""The ``train`` stage: the DFlash drafter (:mod:`draftline.drafter`) trained online on the frozen target.
+
+``data`` plans batches, ``anchors`` / ``masks`` / ``objective`` make the DFlash loss, ``memory`` refuses a run
+that would not fit, ``state`` keeps resumable states in the stage's scratch, ``trainer`` runs it, ``stage``
+launches one process or torchrun.
+"""

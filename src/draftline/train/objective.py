@@ -1,0 +1,71 @@
+"""One training forward: the frozen target's features, random blocks, and the decayed block cross-entropy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftline.drafter.model import DFlashDrafter, target_features
+from draftline.train.anchors import sample_anchors
+from draftline.train.data import Batch
+from draftline.train.masks import block_inputs, block_mask, block_positions, block_targets
+
+
+@torch.no_grad()
+def capture_features(target: nn.Module, batch: Batch, layer_ids: list[int]) -> torch.Tensor:
+    """The target's hidden states of the chosen layers, computed online: ``[b, s, len(layer_ids) * hidden]``.
+
+    Runs the target's decoder only (no lm_head: its logits would be the largest tensor of the pass).
+    """
+    decoder = target.get_decoder() if hasattr(target, "get_decoder") else target
+    out = decoder(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True, use_cache=False
+    )
+    return target_features(out.hidden_states, layer_ids)
+
+
+@dataclass
+class StepStats:
+    loss: torch.Tensor  # weighted mean cross-entropy (has grad)
+    correct: torch.Tensor  # [B] argmax hits per block position (position 0 unused)
+    counted: torch.Tensor  # [B] supervised labels per block position
+
+
+def dflash_loss(
+    drafter: nn.Module,
+    target: nn.Module,
+    batch: Batch,
+    *,
+    anchors_per_seq: int,
+    gamma: float,
+    generator: torch.Generator,
+) -> StepStats:
+    """The DFlash objective on one batch.
+
+    ``drafter`` may be DDP-wrapped; ``drafter_module`` below is the bare :class:`DFlashDrafter`. Logits are only
+    computed where a label has weight, which keeps the vocabulary-sized tensor as small as it can be.
+    """
+    core: DFlashDrafter = getattr(drafter, "module", drafter)
+    B = core.block_size
+    features = capture_features(target, batch, core.target_layer_ids)
+    anchors, keep = sample_anchors(batch.loss_mask, anchors_per_seq, generator)
+    s = batch.input_ids.shape[1]
+    ids = block_inputs(batch.input_ids, anchors, core.mask_token_id, B)
+    ctx_positions = torch.arange(s, device=ids.device).expand(ids.shape[0], s)
+    mask = block_mask(anchors, keep, s, B)
+    hidden = drafter(core.embed(ids), features, ctx_positions, block_positions(anchors, B), mask)
+    labels, weights = block_targets(batch.input_ids, batch.loss_mask, anchors, keep, B, gamma)
+    used = weights.flatten() > 0
+    logits = core.logits(hidden.reshape(-1, hidden.shape[-1])[used]).float()
+    target_ids = labels.flatten()[used]
+    w = weights.flatten()[used]
+    loss = (F.cross_entropy(logits, target_ids, reduction="none") * w).sum() / w.sum()
+    with torch.no_grad():
+        pos = torch.arange(B, device=ids.device).repeat(labels.numel() // B)[used]
+        hit = (logits.argmax(-1) == target_ids).float()
+        correct = torch.zeros(B, device=ids.device).index_add_(0, pos, hit)
+        counted = torch.zeros(B, device=ids.device).index_add_(0, pos, torch.ones_like(hit))
+    return StepStats(loss, correct, counted)

@@ -1,0 +1,46 @@
+"""``params.yaml: train``: the drafter, the objective, batches and memory, optimisation, running."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftline.core.params import Params, ParamsError
+
+# Params that change how a run is watched or checked, not the weights it produces: left out of the state key.
+NOT_IN_KEY = ("save_every", "log_every", "memory_limit_gb")
+
+
+@dataclass(frozen=True)
+class TrainParams(Params):
+    """``params.yaml: train`` (every key is documented there and in docs/train.md)."""
+
+    drafter_layers: int
+    target_layers: int | list[int]
+    block_size: int
+    gamma: float
+    anchors_per_seq: int
+    max_length: int
+    max_tokens_per_batch: int
+    memory_limit_gb: float
+    epochs: float
+    max_steps: int
+    lr: float
+    min_lr_ratio: float
+    warmup_ratio: float
+    weight_decay: float
+    grad_clip: float
+    bf16: bool
+    seed: int
+    gpus: int
+    save_every: int
+    log_every: int
+    strict: bool
+
+    def validate(self, where: str) -> None:
+        if self.block_size < 2 or self.drafter_layers < 1 or self.anchors_per_seq < 1:
+            raise ParamsError(f"params.yaml: {where}: block_size must be >= 2, drafter_layers and anchors_per_seq >= 1")
+        if self.max_tokens_per_batch < self.max_length:
+            raise ParamsError(f"params.yaml: {where}.max_tokens_per_batch ({self.max_tokens_per_batch}) must be >= "
+                              f"max_length ({self.max_length}): a longest row must fit a batch")
+        if self.save_every < 1 or self.log_every < 1 or (self.max_steps <= 0 and self.epochs <= 0):
+            raise ParamsError(f"params.yaml: {where}: save_every and log_every must be >= 1, and max_steps or epochs > 0")

@@ -1,0 +1,59 @@
+"""Resumable training state, kept in the train stage's scratch folder (:mod:`draftline.core.scratch`).
+
+DVC deletes a stage's outputs before running it, so progress lives outside them, in
+``<cache>/train/<key>/``. The key (:func:`state_key`) covers the training params that change the weights, the
+merged data's bytes and the target's description: a run with other inputs never resumes from these states, and
+the same run always finds them, in a queued ``dvc exp run`` too. Only the newest state is kept; a state is
+written under a temporary name and renamed, so a half-written one is never taken for finished.
+
+The data order and the anchor RNG at step ``s`` are functions of ``(seed, s, rank)`` (see ``data.BatchPlan``
+and ``trainer.step_generator``), so a state only needs the step, the weights, the optimizer and scheduler.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftline.core.files import atomic_path
+
+_STATE = re.compile(r"^state-(\d{8})\.pt$")
+
+
+def state_key(params: dict[str, Any], not_in_key: tuple[str, ...], data_digest: str, target: dict[str, Any]) -> dict:
+    """What decides the weights of a run: the scratch folder is named by its hash."""
+    return {
+        "params": {k: v for k, v in sorted(params.items()) if k not in not_in_key},
+        "data": data_digest,
+        "target": target,
+    }
+
+
+def state_path(folder: Path, step: int) -> Path:
+    return folder / f"state-{step:08d}.pt"
+
+
+def save_state(folder: Path, step: int, state: dict[str, Any]) -> Path:
+    """Write the state of step ``step`` atomically, then drop older ones."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = state_path(folder, step)
+    with atomic_path(path) as tmp:
+        torch.save({"step": step, **state}, tmp)
+    for p in folder.iterdir():
+        m = _STATE.match(p.name)
+        if m and int(m.group(1)) < step:
+            p.unlink()
+    return path
+
+
+def load_latest(folder: Path) -> dict[str, Any] | None:
+    """The newest complete state in ``folder`` (a half-written one never has the final name), or None."""
+    if not folder.is_dir():
+        return None
+    steps = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STATE.match(p.name)))
+    if not steps:
+        return None
+    return torch.load(state_path(folder, steps[-1]), map_location="cpu", weights_only=False)

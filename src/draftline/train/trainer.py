@@ -1,0 +1,342 @@
+"""Training the DFlash drafter online on the frozen target: one process, or one rank of DDP under torchrun.
+
+Read top to bottom: :func:`train` sets up the ranks, :func:`prepare` plans the batches from the training set,
+:func:`build` makes the target, the drafter and the optimiser, :func:`check_memory` refuses a run whose worst batch
+would not fit, :func:`resume` restores the newest state of the same inputs, :func:`fit` runs the steps, and
+:func:`finish` writes the checkpoint, the metrics and the loss curve. Rank 0 alone writes files. The checkpoint's
+config carries the data's lineage (tokenizer fingerprint, chat template, thinking mode, mask token), so evaluation
+and serving read them from the drafter instead of from params.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+import torch.distributed as dist
+import xxhash
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from draftline.core.dataset import DatasetMeta, load_training_set
+from draftline.core.files import write_csv, write_json
+from draftline.core.fingerprint import folder_digest
+from draftline.core.logs import get_logger
+from draftline.core.records import TargetInfo
+from draftline.core.scratch import scratch_dir
+from draftline.core.skips import Skips
+from draftline.core.target import load_model, load_target
+from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
+from draftline.train.data import BatchPlan, collate
+from draftline.train.memory import Preflight, Shapes, preflight
+from draftline.train.objective import dflash_loss
+from draftline.train.params import NOT_IN_KEY, TrainParams
+from draftline.train.state import load_latest, save_state, state_key
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the train stage reads and writes (the pipeline's by default; tests point them elsewhere)."""
+
+    merged: Path = Path("data/merged")
+    target_dir: Path = Path("data/target")
+    checkpoint: Path = Path("data/checkpoints")
+    metrics: Path = Path("metrics/train.json")
+    plot: Path = Path("plots/train_loss.csv")
+    # None: the scratch root of core.scratch ($DRAFTLINE_CACHE, else <repo>/.draftline/cache).
+    cache_root: Path | None = None
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class Run:
+    """Everything one training run holds, built once by :func:`prepare` and :func:`build`."""
+
+    cfg: TrainParams
+    d: Dist
+    info: TargetInfo
+    meta: DatasetMeta
+    dataset: datasets.Dataset
+    plan: BatchPlan
+    steps_total: int
+    skips: Skips
+    target: torch.nn.Module | None = None
+    drafter: DFlashDrafter | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    autocast: bool = False
+
+    def loss(self, model, batch, generator):
+        with torch.autocast(self.d.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            return dflash_loss(model, self.target, batch, anchors_per_seq=self.cfg.anchors_per_seq,
+                               gamma=self.cfg.gamma, generator=generator)
+
+    def batch(self, rows: np.ndarray):
+        return collate(self.dataset, rows, self.cfg.max_length, self.info.pad_token_id or 0).to(self.d.device)
+
+
+@dataclass
+class Progress:
+    """Where a run stands: the step to do next, the history lines, the steps since the last one, tokens, time."""
+
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    window: np.ndarray | None = None
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+def _setup_dist() -> Dist:
+    if "LOCAL_RANK" not in os.environ:
+        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    local = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend)
+    return Dist(dist.get_rank(), dist.get_world_size(), device)
+
+
+def train(cfg: TrainParams, paths: Paths = Paths()) -> dict[str, Any]:
+    """Train to the end (resuming from the newest state of the same inputs) and write the outputs."""
+    d = _setup_dist()
+    try:
+        run = prepare(cfg, paths, d)
+        build(run)
+        check = check_memory(run)
+        folder = scratch_dir("train", state_key(asdict(cfg), NOT_IN_KEY, folder_digest(paths.merged),
+                                                run.info.to_dict()), paths.cache_root)
+        progress = resume(run, folder)
+        fit(run, progress, folder)
+        return finish(run, progress, check, paths)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def prepare(cfg: TrainParams, paths: Paths, d: Dist) -> Run:
+    """The target's description, the training set and its batch plan; the number of steps."""
+    info = load_target(paths.target_dir)
+    dataset, order, meta = load_training_set(paths.merged)
+    if meta.tokenizer_fingerprint != info.tokenizer_fingerprint:
+        raise ValueError(f"{paths.merged} was made with another tokenizer than {paths.target_dir} describes: "
+                         "re-run tokenize and merge for this target")
+    skips = Skips(log, strict=cfg.strict)
+    plan = BatchPlan(
+        dataset, order, max_length=cfg.max_length, max_tokens_per_batch=cfg.max_tokens_per_batch,
+        seed=cfg.seed, world_size=d.world, skips=skips,
+    )
+    steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.epochs * plan.steps_per_epoch))
+    return Run(cfg, d, info, meta, dataset, plan, steps, skips)
+
+
+def lineage(meta: DatasetMeta) -> dict[str, Any]:
+    """What the data was made with, copied into the drafter's config (``draftline`` key)."""
+    return {"tokenizer_fingerprint": meta.tokenizer_fingerprint, "chat_template_sha256": meta.chat_template_sha256,
+            "enable_thinking": meta.enable_thinking, "mask_token_id": meta.mask_token_id}
+
+
+def build(run: Run) -> None:
+    """The frozen target (bf16 on a GPU that supports it, fp32 on CPU), the drafter bound to it, the optimiser."""
+    cfg, d = run.cfg, run.d
+    run.autocast = d.device.type == "cuda" and cfg.bf16 and torch.cuda.is_bf16_supported()
+    dtype = torch.bfloat16 if run.autocast else torch.float32
+    run.target = load_model(run.info, dtype=dtype, device=d.device).requires_grad_(False)
+    n_target = run.target.config.get_text_config().num_hidden_layers
+    layer_ids = (list(cfg.target_layers) if isinstance(cfg.target_layers, list)
+                 else build_target_layer_ids(n_target, cfg.target_layers))
+    config = make_config(run.target.config, num_layers=cfg.drafter_layers, block_size=cfg.block_size,
+                         mask_token_id=run.meta.mask_token_id, target_layer_ids=layer_ids,
+                         lineage=lineage(run.meta))
+    torch.manual_seed(cfg.seed)
+    run.drafter = DFlashDrafter(config).bind(run.target).to(d.device)
+    if not 0 <= run.meta.mask_token_id < run.drafter.shared.embed.weight.shape[0]:
+        raise ValueError(f"mask_token_id {run.meta.mask_token_id} is not a row of the target's embedding")
+    run.optimizer = torch.optim.AdamW(run.drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                      weight_decay=cfg.weight_decay)
+    warmup = max(1, math.ceil(cfg.warmup_ratio * run.steps_total))
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(
+        run.optimizer, lambda s: lr_factor(s, run.steps_total, warmup, cfg.min_lr_ratio)
+    )
+
+
+def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
+    """The anchor RNG of one step on one rank: a function of (seed, step, rank), so resuming restores it exactly."""
+    key = xxhash.xxh64_intdigest(f"{seed}/{step}/{rank}".encode()) & ((1 << 63) - 1)
+    return torch.Generator().manual_seed(key)
+
+
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine decay to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _shapes(target: torch.nn.Module, drafter: DFlashDrafter, act_bytes: int) -> Shapes:
+    c = drafter.config
+    tc = target.config.get_text_config()
+    return Shapes(
+        target_param_bytes=sum(p.numel() * p.element_size() for p in target.parameters()),
+        drafter_params=sum(p.numel() for p in drafter.parameters()),
+        target_layers=tc.num_hidden_layers,
+        hidden=c.hidden_size,
+        intermediate=max(c.intermediate_size, getattr(tc, "intermediate_size", 0) or 0),
+        heads=c.num_attention_heads,
+        kv_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        vocab=c.vocab_size,
+        drafter_layers=c.num_hidden_layers,
+        features=len(drafter.target_layer_ids),
+        block_size=drafter.block_size,
+        act_bytes=act_bytes,
+    )
+
+
+def check_memory(run: Run) -> Preflight:
+    """Refuse to start when the worst batch's peak memory exceeds ``memory_limit_gb`` (measured on a GPU)."""
+    cfg, d, plan = run.cfg, run.d, run.plan
+
+    def measure(index: int) -> int:
+        batch = run.batch(plan.batches[index])
+        torch.cuda.reset_peak_memory_stats(d.device)
+        run.loss(run.drafter, batch, torch.Generator().manual_seed(cfg.seed)).loss.backward()
+        run.drafter.zero_grad(set_to_none=True)
+        # Adam's two moments are allocated at the first real step: add them.
+        return torch.cuda.max_memory_allocated(d.device) + 8 * sum(p.numel() for p in run.drafter.parameters())
+
+    check = preflight(
+        _shapes(run.target, run.drafter, 2 if run.autocast else 4), plan.padded_shapes(),
+        anchors_per_seq=cfg.anchors_per_seq, limit_gb=cfg.memory_limit_gb, budget=cfg.max_tokens_per_batch,
+        rows=plan.rows, lengths=plan.stats.lengths, anchors=plan.stats.anchors,
+        measure=measure if d.device.type == "cuda" else None,
+    )
+    if d.main:
+        log.info("memory preflight passed: %s", check.as_dict())
+    return check
+
+
+def resume(run: Run, folder: Path) -> Progress:
+    """The newest state in ``folder`` loaded into the run, or a fresh start."""
+    progress = Progress(window=np.zeros((0, 2 * run.cfg.block_size + 2)))
+    state = load_latest(folder)
+    if state is None:
+        return progress
+    run.drafter.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    progress = Progress(state["step"], state["history"], state["window"], state["tokens"], state["seconds"])
+    if run.d.main:
+        log.info("resuming from step %d of %d (%s)", progress.step, run.steps_total, folder)
+    return progress
+
+
+def fit(run: Run, progress: Progress, folder: Path) -> None:
+    """Train from ``progress.step`` to the end, logging every ``log_every`` and saving every ``save_every`` steps."""
+    cfg, d, B = run.cfg, run.d, run.cfg.block_size
+    model = DistributedDataParallel(run.drafter) if d.world > 1 else run.drafter
+    model.train()
+    bar = tqdm(total=run.steps_total, initial=progress.step, desc="train", disable=not d.main, dynamic_ncols=True)
+    t0, tokens_at_t0, seconds_at_t0 = time.perf_counter() - progress.seconds, progress.tokens, progress.seconds
+    for step in range(progress.step, run.steps_total):
+        row, lr, grad_norm = train_step(run, model, step)
+        progress.tokens += int(row[1])
+        progress.window = np.vstack([progress.window, row.numpy()])
+        if d.main:
+            rate = (progress.tokens - tokens_at_t0) / max(time.perf_counter() - t0 - seconds_at_t0, 1e-9)
+            bar.set_postfix(loss=f"{row[0]:.3f}", tok_s=f"{rate:.0f}")
+            bar.update(1)
+        progress.step = done = step + 1
+        progress.seconds = time.perf_counter() - t0
+        if done % cfg.log_every == 0 or done == run.steps_total:
+            progress.history.append(_history_row(done, run.plan.steps_per_epoch, lr, grad_norm, progress.window, B))
+            progress.window = np.zeros((0, 2 * B + 2))
+        if d.main and (done % cfg.save_every == 0 or done == run.steps_total):
+            save_state(folder, done, {
+                "model": run.drafter.state_dict(), "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(), "history": progress.history, "window": progress.window,
+                "tokens": progress.tokens, "seconds": progress.seconds,
+            })
+    bar.close()
+
+
+def train_step(run: Run, model: torch.nn.Module, step: int) -> tuple[torch.Tensor, float, float]:
+    """One optimiser step; returns ``[loss, tokens, correct per position, counted per position]`` (summed over
+    ranks, loss averaged), the learning rate used and the gradient norm before clipping."""
+    batch = run.batch(run.plan.batch_rows(step, run.d.rank))
+    stats = run.loss(model, batch, step_generator(run.cfg.seed, step, run.d.rank))
+    run.optimizer.zero_grad(set_to_none=True)
+    stats.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), run.cfg.grad_clip)
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    run.scheduler.step()
+    row = torch.cat([torch.tensor([stats.loss.item(), float(batch.num_tokens)]), stats.correct.cpu(), stats.counted.cpu()])
+    if run.d.world > 1:
+        dist.all_reduce(row)
+        row[0] /= run.d.world
+    return row, lr, float(grad_norm)
+
+
+def _history_row(step: int, steps_per_epoch: int, lr: float, grad_norm: float, window: np.ndarray, B: int) -> dict:
+    """One line of plots/train_loss.csv: means over the steps since the previous line."""
+    correct, counted = window[:, 2 : 2 + B].sum(0), window[:, 2 + B :].sum(0)
+    return {
+        "step": step,
+        "epoch": round(step / steps_per_epoch, 4),
+        "loss": round(float(window[:, 0].mean()), 6),
+        "accuracy_pos1": round(float(correct[1] / max(counted[1], 1)), 6),
+        "lr": float(f"{lr:.6g}"),
+        "grad_norm": round(grad_norm, 6),
+    }
+
+
+def finish(run: Run, progress: Progress, check: Preflight, paths: Paths) -> dict[str, Any]:
+    """The metrics; on rank 0 also the checkpoint, the loss curve and metrics/train.json."""
+    cfg, plan, history = run.cfg, run.plan, progress.history
+    tail = history[-max(1, len(history) // 10):]
+    metrics = {
+        "steps": run.steps_total,
+        "epochs": round(run.steps_total / plan.steps_per_epoch, 4),
+        "rows": int(len(plan.rows)),
+        "rows_skipped": run.skips.as_dict(),
+        "loss_tokens_cut": plan.stats.cut_loss_tokens,
+        "first_loss": history[0]["loss"],
+        "final_loss": round(float(np.mean([h["loss"] for h in tail])), 6),
+        "final_accuracy_pos1": round(float(np.mean([h["accuracy_pos1"] for h in tail])), 6),
+        "train_tokens": progress.tokens,
+        "tokens_per_s": round(progress.tokens / max(progress.seconds, 1e-9), 1),
+        "train_seconds": round(progress.seconds, 2),
+        "drafter_params": sum(p.numel() for p in run.drafter.parameters()),
+        "target_layer_ids": list(run.drafter.target_layer_ids),
+        "block_size": cfg.block_size,
+        "preflight": check.as_dict(),
+    }
+    if run.d.main:
+        run.drafter.save_pretrained(paths.checkpoint)
+        write_csv(paths.plot, history, columns=list(history[0]))
+        write_json(paths.metrics, metrics)
+        log.info("trained %d steps in %.1fs; final loss %.4f", run.steps_total, progress.seconds, metrics["final_loss"])
+    return metrics

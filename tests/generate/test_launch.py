@@ -1,0 +1,57 @@
+"""The launch path: the sglang command line, and the start / health wait / stop cycle on a real process."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftline.generate.launcher import Server, launch_env, sglang_command
+from draftline.generate.params import LaunchParams
+
+# params.yaml's commented launch example: generate.launch takes every key once it is set.
+LAUNCH = {"gpus": None, "dp_size": 1, "tp_size": 1, "host": "127.0.0.1", "port": 30000, "extra_args": [],
+          "health_timeout_s": 1800}
+
+
+def launch(**kw) -> LaunchParams:
+    return LaunchParams.parse({**LAUNCH, **kw}, "generate.launch")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_sglang_command_line():
+    cmd = sglang_command("/dev/shm/Qwen3-8B", launch(dp_size=8, port=31000, extra_args=["--mem-fraction-static", "0.85"]),
+                         True, "python")
+    assert cmd == ["python", "-m", "sglang.launch_server", "--model-path", "/dev/shm/Qwen3-8B", "--host", "127.0.0.1",
+                   "--port", "31000", "--dp-size", "8", "--reasoning-parser", "qwen3", "--mem-fraction-static", "0.85"]
+    off = sglang_command("/m", launch(tp_size=2), False, "python")
+    assert "--reasoning-parser" not in off and off[-2:] == ["--tp-size", "2"] and "--dp-size" not in off
+    assert launch_env(launch(gpus=[0, 3]))["CUDA_VISIBLE_DEVICES"] == "0,3"
+    assert launch_env(launch(gpus="4,5"))["CUDA_VISIBLE_DEVICES"] == "4,5"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_started_waited_for_and_stopped(tmp_path):
+    port = free_port()
+    argv = [sys.executable, str(REPO / "tests/sglang_server.py"), "--port", str(port)]
+    with Server(argv, f"http://127.0.0.1:{port}", tmp_path / "server.log", health_timeout_s=60) as srv:
+        proc = srv.proc
+        assert proc.poll() is None
+    assert proc.poll() is not None  # stopped with its process group
+    assert (tmp_path / "server.log").exists()
+
+
+def test_server_that_dies_early_is_reported(tmp_path):
+    argv = [sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"]
+    with pytest.raises(RuntimeError, match="exited with code 3"):
+        with Server(argv, f"http://127.0.0.1:{free_port()}", tmp_path / "s.log", health_timeout_s=30):
+            pass
+    assert "CUDA out of memory" in (tmp_path / "s.log").read_text()

@@ -1,0 +1,110 @@
+"""The local backend: the target in-process, rendered as SGLang renders it, split as SGLang splits it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from generate_helpers import gen_params, make_prompts
+
+from draftline.core.chat import render
+from draftline.core.files import write_jsonl
+from draftline.generate.journal import Journal
+from draftline.generate.local import split_reasoning
+from draftline.generate.stage import run_generate
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("text,forced,expected", [
+    ("<think>\nadd 2 and 2\n</think>\n\nIt is 4.", False, ("add 2 and 2\n", "It is 4.")),
+    ("It is 4.", False, (None, "It is 4.")),
+    ("<think>\nadd 2 and 2, then", False, ("add 2 and 2, then", "")),  # cut before </think>: all reasoning
+    ("add 2 and 2\n</think>\n\nIt is 4.", True, ("add 2 and 2\n", "It is 4.")),  # template opened <think>
+])
+def test_split_reasoning_as_sglang_qwen3_parser(text, forced, expected):
+    assert split_reasoning(text, "<think>", "</think>", forced) == expected
+
+
+def test_render_matches_the_real_qwen3_template(qwen3_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir, local_files_only=True)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render(tok, msgs, None, enable_thinking=False, generation_prompt=True) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert render(tok, msgs, None, enable_thinking=True, generation_prompt=True) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+    assert render(tok, msgs, [tool], enable_thinking=True, generation_prompt=True).count('"name": "f"') == 1
+
+
+def _prompts(n):
+    prompts = make_prompts(n, multi_turn=1)
+    prompts[2].messages = [{"role": "user", "content": "What is 3 plus 4?"}]
+    return prompts
+
+
+def _run(tmp_path, target, params):
+    return run_generate(gen_params(params), tmp_path / "train.jsonl", target, tmp_path / "out", tmp_path / "metrics.json")
+
+
+LOCAL = {"backend": "local", "max_tokens": 12, "shard_size": 3, "keep_truncated": True,
+         "local": {"device": "cpu", "dtype": "float32", "batch_size": 3}}
+
+
+def test_local_backend_end_to_end_and_resume(tmp_path, embedded_target):
+    from draftline.core.target import load_model, load_target, load_tokenizer
+
+    prompts = _prompts(7)
+    write_jsonl(tmp_path / "train.jsonl", prompts)
+    m = _run(tmp_path, embedded_target, LOCAL)
+    rows = [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*")) for line in open(p)]
+    assert [r["id"] for r in rows] == [p.id for p in prompts] and m["completions"] == 7
+    roles = [m["role"] for m in rows[0]["messages"]]  # the multi-turn row: a reply after each user turn
+    assert roles[1:] == ["user", "assistant"] * (len(roles) // 2)
+    assert len(roles) == 7 or rows[0]["finish_reason"] == "length"  # a cut turn ends the conversation
+
+    # The reply is the target's greedy continuation of the prompt rendered by its own template.
+    info = load_target(embedded_target)
+    tok, model = load_tokenizer(info), load_model(info, dtype="float32")
+    row = rows[2]
+    ids = tok(render(tok, prompts[2].messages, None, enable_thinking=False, generation_prompt=True), add_special_tokens=False,
+              return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=12, do_sample=False,
+                         eos_token_id=[info.end_of_turn_token_id, info.eos_token_id])[0, ids.shape[1]:].tolist()
+    stops = (info.end_of_turn_token_id, info.eos_token_id)
+    stop = next((i + 1 for i, t in enumerate(out) if t in stops), len(out))
+    assert row["messages"][-1] == {"role": "assistant", "content": tok.decode(out[:stop], skip_special_tokens=True)}
+    assert row["usage"] == {"prompt_tokens": ids.shape[1], "completion_tokens": stop}
+    assert row["finish_reason"] == ("stop" if any(t in stops for t in out) else "length")
+    assert row["generation"]["backend"] == "local" and row["generation"]["enable_thinking"] is False
+
+    # Lose the journal's second half, as a crash would: the rerun regenerates only the missing batches
+    # and writes the same bytes.
+    before = {p.name: p.read_bytes() for p in sorted((tmp_path / "out").iterdir())}
+    journal = next((tmp_path / "cache").glob("generate/*/journal.jsonl"))
+    lines = journal.read_bytes().splitlines(keepends=True)
+    journal.write_bytes(b"".join(lines[:3]) + lines[3][:10])
+    m2 = _run(tmp_path, embedded_target, LOCAL)
+    assert m2["run"]["resumed"] == 3 and m2["run"]["finished"] == 4
+    assert {p.name: p.read_bytes() for p in sorted((tmp_path / "out").iterdir())} == before
+
+
+def test_local_thinking_and_truncation_accounting(tmp_path, embedded_target):
+    prompts = _prompts(4)
+    write_jsonl(tmp_path / "train.jsonl", prompts)
+    params = {**LOCAL, "enable_thinking": True, "keep_truncated": False, "max_tokens": 4}
+    m = _run(tmp_path, embedded_target, params)
+    entries = Journal(next((tmp_path / "cache").glob("generate/*"))).load()
+    truncated = sum(e.get("finish_reason") == "length" and e["status"] == "ok" for e in entries.values())
+    assert m["truncated"] == truncated and m["completions"] + m["truncated"] + m["failed"] == 4
+    assert set(m["failures"]) <= {"empty"}
+    for r in read_rows_from(tmp_path):
+        assert r["finish_reason"] != "length" and r["messages"][-1]["reasoning_content"]
+
+
+def read_rows_from(tmp_path):
+    return [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*")) for line in open(p)]

@@ -1,0 +1,358 @@
+"""The merge stage on small real datasets: carried shards, overlap, guards, order, stats.
+
+Rows are made by really tokenizing chat-like texts (with a small BPE tokenizer trained here, or the real Qwen3
+tokenizer from ../shared), so the re-encode guard sees genuine token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import default_params
+from merge_support import (
+    file_hashes,
+    make_rows,
+    save_int64,
+    train_tokenizer,
+    write_legacy,
+    write_target,
+    write_tokenized,
+)
+
+from draftline.core import dataset as fmt
+from draftline.core.dataset import ORDER_FILE, load_training_set
+from draftline.merge.carry import dvc_cache_types, hardlink_is_safe
+from draftline.merge.guards import PROMPT_KEY_PREFIX, MergeGuardError
+from draftline.merge.stage import MergeParams, run_merge
+
+
+def merge_params(**overrides) -> MergeParams:
+    return MergeParams.parse(default_params("merge", **overrides), "merge")
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def world(tmp_path: Path, tok_dir: Path):
+    """A project layout: target.json, a draftline base of 40 rows and 30 new rows of which 5 repeat base ids."""
+    info = write_target(tmp_path / "data/target/target.json", tok_dir)
+    base_rows = make_rows(tok_dir, [f"b{i}" for i in range(40)], seed=1, source="old")
+    new_ids = [f"b{i}" for i in range(5)] + [f"n{i}" for i in range(25)]
+    new_rows = make_rows(tok_dir, new_ids, seed=2, source="fresh")
+    write_tokenized(tmp_path / "data/bases/r1", base_rows, info)
+    write_tokenized(tmp_path / "data/tokenized", new_rows, info)
+    return tmp_path, info, base_rows, new_rows
+
+
+def merge(root: Path, **params) -> dict:
+    return run_merge(
+        merge_params(**params),
+        tokenized_dir=root / "data/tokenized",
+        target_dir=root / "data/target",
+        out_dir=root / "data/merged",
+        metrics_path=root / "metrics/merge.json",
+    )
+
+
+def test_no_base_carries_the_new_data_as_is(world):
+    root, _, _, new_rows = world
+    m = merge(root)
+    src, out = root / "data/tokenized", root / "data/merged"
+    assert [file_hashes(src)[f] for f in fmt.shard_files(src)] == [file_hashes(out)[f] for f in fmt.shard_files(out)]
+    ds, order, _ = load_training_set(out)
+    assert ds["id"] == new_rows.column("id").to_pylist()
+    assert sorted(order.tolist()) == list(range(30)) and order.dtype == np.int64
+    assert m["base"] is None and m["overlap"]["dropped"] == 0 and m["merged"]["samples"] == 30
+
+
+def test_base_shards_carried_byte_identical_then_new_rows_minus_overlap(world):
+    root, _, base_rows, new_rows = world
+    base_dir = root / "data/bases/r1"
+    assert len(fmt.shard_files(base_dir)) > 1  # several shards, so order across shards is exercised
+    m = merge(root, base=str(base_dir))
+    out = root / "data/merged"
+    base_h, out_h = file_hashes(base_dir), file_hashes(out)
+    base_files, out_files = fmt.shard_files(base_dir), fmt.shard_files(out)
+    assert [out_h[f] for f in out_files[: len(base_files)]] == [base_h[f] for f in base_files]
+    ds, order, _ = load_training_set(out)
+    want_ids = base_rows.column("id").to_pylist() + [f"n{i}" for i in range(25)]
+    assert ds["id"] == want_ids
+    assert ds[40]["input_ids"] == new_rows.column("input_ids")[5].as_py()  # new rows kept intact
+    assert m["overlap"] == {"new_rows": 30, "dropped": 5, "dropped_by_id": 5, "dropped_by_prompt_tokens": 0, "kept": 25}
+    assert m["base_shards_carried"] == len(base_files)
+    assert m["guards"]["tokenizer_claim"] == "draftline.json"
+    assert m["guards"]["reencode"] == {"checked": 40, "matched": 40}
+    meta = fmt.read_meta(out)
+    assert meta.num_rows == 65 and meta.num_tokens == sum(len(x) for x in ds["input_ids"])
+    assert sorted(order.tolist()) == list(range(65))
+
+
+def test_stats_match_the_rows(world):
+    root, _, base_rows, new_rows = world
+    m = merge(root, base=str(root / "data/bases/r1"))
+    base_n = base_rows.column("num_tokens").to_numpy()
+    kept_n = new_rows.column("num_tokens").to_numpy()[5:]
+    all_n = np.concatenate([base_n, kept_n])
+    assert m["base"]["samples"] == 40 and m["base"]["total_tokens"] == int(base_n.sum())
+    assert m["merged"]["total_tokens"] == int(all_n.sum())
+    assert m["merged"]["len_p90"] == pytest.approx(float(np.percentile(all_n, 90)))
+    loss = int(base_rows.column("num_loss_tokens").to_numpy().sum() + new_rows.column("num_loss_tokens").to_numpy()[5:].sum())
+    assert m["merged"]["loss_coverage"] == pytest.approx(loss / all_n.sum(), abs=1e-6)
+    mix = m["merged"]["by_source"]
+    assert set(mix) == {"old", "fresh"} and mix["old"]["samples"] == 40 and mix["fresh"]["samples"] == 25
+    assert mix["old"]["share_rows"] == pytest.approx(40 / 65, abs=1e-6)
+    assert mix["fresh"]["share_tokens"] == pytest.approx(kept_n.sum() / all_n.sum(), abs=1e-6)
+    assert json.loads((root / "metrics/merge.json").read_text()) == json.loads(json.dumps(m))
+
+
+def test_deterministic_and_seeded(world):
+    root, *_ = world
+    merge(root, base=str(root / "data/bases/r1"), seed=3)
+    first = file_hashes(root / "data/merged")
+    merge(root, base=str(root / "data/bases/r1"), seed=3)
+    assert file_hashes(root / "data/merged") == first
+    merge(root, base=str(root / "data/bases/r1"), seed=4)
+    again = file_hashes(root / "data/merged")
+    assert again[ORDER_FILE] != first[ORDER_FILE]
+    assert {k: v for k, v in again.items() if k != ORDER_FILE} == {k: v for k, v in first.items() if k != ORDER_FILE}
+
+
+def test_base_with_another_fingerprint_is_refused_before_writing(world, tmp_path_factory):
+    root, info, base_rows, _ = world
+    other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380)
+    other = write_target(tmp_path_factory.mktemp("t") / "target.json", other_dir)
+    write_tokenized(root / "data/bases/alien", make_rows(other_dir, ["a0", "a1"], seed=5), other)
+    merge(root)  # a previous good output must survive a refused merge
+    before = file_hashes(root / "data/merged")
+    with pytest.raises(MergeGuardError, match="tokenizer_fingerprint"):
+        merge(root, base=str(root / "data/bases/alien"))
+    assert file_hashes(root / "data/merged") == before
+
+
+def test_legacy_base_needs_a_claim_then_is_cast_and_matched_on_prompt_tokens(world, tok_dir):
+    root, info, base_rows, new_rows = world
+    legacy = root / "data/bases/legacy"
+    write_legacy(legacy, base_rows)
+    with pytest.raises(MergeGuardError, match="no draftline.json"):
+        merge(root, base=str(legacy))
+    assert not (root / "data/merged").exists()
+    m = merge(root, base=str(legacy), assume_same_tokenizer=True)
+    assert m["guards"]["base_kind"] == "legacy" and m["guards"]["tokenizer_claim"] == "assumed"
+    assert set(m["guards"]["casts"]) == {"input_ids", "loss_mask"}
+    assert m["guards"]["derived_columns"] == ["id", "source", "num_tokens", "num_loss_tokens"]
+    # The 5 new rows that repeat base prompts are found by their prompt tokens (legacy rows have no ids).
+    assert m["overlap"]["dropped_by_prompt_tokens"] == 5 and m["overlap"]["dropped_by_id"] == 0
+    ds, _, _ = load_training_set(root / "data/merged")
+    assert ds.features == fmt.FEATURES
+    assert ds["input_ids"][:40] == base_rows.column("input_ids").to_pylist()
+    assert ds["loss_mask"][:40] == base_rows.column("loss_mask").to_pylist()
+    assert all(i.startswith(PROMPT_KEY_PREFIX) for i in ds["id"][:40]) and set(ds["source"][:40]) == {"legacy"}
+
+    # Next round: the merged set is the base; rows that came from the legacy base are still matched by prompt.
+    round2 = root / "data/bases/r2"
+    (root / "data/merged").rename(round2)
+    fresh = make_rows(tok_dir, ["z0"], seed=9, source="fresh")
+    # These two repeat legacy prompts under new ids: only their prompt tokens can tell.
+    repeat = new_rows.slice(0, 2).set_column(0, "id", pa.array(["x0", "x1"]))
+    write_tokenized(root / "data/tokenized", pa.concat_tables([fresh, repeat]), info)
+    m2 = merge(root, base=str(round2))
+    assert m2["overlap"]["dropped_by_prompt_tokens"] == 2 and m2["overlap"]["kept"] == 1
+    assert m2["base_shards_carried"] > 0
+
+
+def test_legacy_base_made_with_another_tokenizer_is_caught(world, tmp_path_factory):
+    root, _, _, _ = world
+    other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380, seed=7)
+    legacy = root / "data/bases/legacy"
+    write_legacy(legacy, make_rows(other_dir, [f"o{i}" for i in range(20)], seed=3))
+    with pytest.raises(MergeGuardError, match="fingerprint"):
+        merge(root, base=str(legacy), base_tokenizer=str(other_dir))
+    # A wrong claim: the re-encode check finds that the target's tokenizer does not give these ids back.
+    with pytest.raises(MergeGuardError, match="re-encode"):
+        merge(root, base=str(legacy), assume_same_tokenizer=True)
+    assert not (root / "data/merged").exists()
+
+
+def test_legacy_base_with_its_tokenizer_named(world, tok_dir):
+    root, _, base_rows, _ = world
+    legacy = root / "data/bases/legacy"
+    write_legacy(legacy, base_rows, with_ids=True)
+    m = merge(root, base=str(legacy), base_tokenizer=str(tok_dir))
+    assert m["guards"]["tokenizer_claim"] == "base_tokenizer"
+    assert m["overlap"]["dropped_by_id"] == 5  # it has ids: the same rows are found by id first
+    ds, _, _ = load_training_set(root / "data/merged")
+    assert ds["id"][:40] == base_rows.column("id").to_pylist()
+
+
+@pytest.mark.parametrize(
+    "column, values, match",
+    [
+        ("attention_mask", "ones", "attention_mask"),
+        ("labels", "ids_float", "labels"),
+        ("loss_mask", "twos", "loss_mask"),
+        ("input_ids", "huge", "input_ids"),
+        ("num_tokens", "wrong", "num_tokens"),
+    ],
+)
+def test_unsafe_columns_are_refused_naming_the_column(world, column, values, match):
+    root, _, base_rows, _ = world
+    legacy = root / "data/bases/legacy"
+    n = base_rows.num_rows
+    lengths = base_rows.column("num_tokens").to_pylist()
+    ids = [[int(x) for x in r] for r in base_rows.column("input_ids").to_pylist()]
+    mask = [[int(x) for x in r] for r in base_rows.column("loss_mask").to_pylist()]
+    cols: dict = {"input_ids": ids, "loss_mask": mask}
+    if values == "ones":
+        cols[column] = [[1] * k for k in lengths]
+    elif values == "ids_float":
+        cols[column] = [[float(x) for x in r] for r in ids]
+    elif values == "twos":
+        cols["loss_mask"] = [[2 * x for x in r] for r in mask]
+    elif values == "huge":
+        cols["input_ids"] = [r[:-1] + [2**40] for r in ids]
+    elif values == "wrong":
+        cols["num_tokens"] = [k + 1 for k in lengths]
+    save_int64(legacy, cols)
+    assert len(cols["input_ids"]) == n
+    with pytest.raises(MergeGuardError, match=match):
+        merge(root, base=str(legacy), assume_same_tokenizer=True)
+    if values == "ones":  # named in merge.drop_columns, the column is dropped instead
+        m = merge(root, base=str(legacy), assume_same_tokenizer=True, drop_columns=["attention_mask"])
+        assert m["guards"]["dropped_columns"] == ["attention_mask"] and m["merged"]["samples"] == 65
+
+
+def test_unknown_param_is_an_error():
+    with pytest.raises(ValueError, match="unknown key"):
+        merge_params(bse="x")
+
+
+def test_real_qwen3_tokenizer_guard(tmp_path, qwen3_tokenizer_dir, tok_dir):
+    """Rows made by the real Qwen3 tokenizer pass its re-encode check; rows of another tokenizer claimed as
+    Qwen3's (a legacy base with assume_same_tokenizer) are refused."""
+    info = write_target(tmp_path / "data/target/target.json", qwen3_tokenizer_dir)
+    write_tokenized(tmp_path / "data/tokenized", make_rows(qwen3_tokenizer_dir, ["n0", "n1"], seed=2), info)
+    good = tmp_path / "data/bases/good"
+    write_legacy(good, make_rows(qwen3_tokenizer_dir, [f"g{i}" for i in range(30)], seed=4, words=40))
+    m = merge(tmp_path, base=str(good), base_tokenizer=str(qwen3_tokenizer_dir))
+    assert m["guards"]["reencode"] == {"checked": 30, "matched": 30}
+    bad = tmp_path / "data/bases/bad"
+    write_legacy(bad, make_rows(tok_dir, [f"x{i}" for i in range(30)], seed=4, words=40))
+    with pytest.raises(MergeGuardError, match="re-encode"):
+        merge(tmp_path, base=str(bad), assume_same_tokenizer=True)
+
+
+# ---------------------------------------------------------------------------------------------- carrying shards
+
+
+def carried_pairs(root: Path) -> list[tuple[Path, Path]]:
+    """(base shard, merged shard) for each carried base shard."""
+    base, out = root / "data/bases/r1", root / "data/merged"
+    return list(zip([base / f for f in fmt.shard_files(base)], [out / f for f in fmt.shard_files(out)]))
+
+
+def reflinks_work(folder: Path) -> bool:
+    """Whether ``folder``'s filesystem clones files: asked of cp, independently of the code under test."""
+    (folder / "probe").write_bytes(b"x" * 4096)
+    ok = subprocess.run(["cp", "--reflink=always", folder / "probe", folder / "probe2"], capture_output=True).returncode == 0
+    for name in ("probe", "probe2"):
+        (folder / name).unlink(missing_ok=True)
+    return ok
+
+
+@pytest.mark.parametrize("mode", ["copy", "hardlink", "auto"])
+def test_carry_modes_keep_base_shards_byte_identical_and_read_only(world, mode):
+    root, *_ = world
+    before = file_hashes(root / "data/bases/r1")
+    m = merge(root, base=str(root / "data/bases/r1"), carry=mode)
+    pairs = carried_pairs(root)
+    assert all(b.read_bytes() == o.read_bytes() for b, o in pairs)
+    linked = [os.path.samefile(b, o) for b, o in pairs]
+    # tmp_path is in no DVC repository, so auto may link: a reflink where the filesystem clones, else a hardlink.
+    want = {"copy": "copy", "hardlink": "hardlink", "auto": "reflink" if reflinks_work(root) else "hardlink"}[mode]
+    assert m["carried_by"] == want
+    assert all(linked) if want == "hardlink" else not any(linked)
+    out = root / "data/merged"
+    assert all(stat.S_IMODE((out / f).stat().st_mode) == 0o444 for f in fmt.shard_files(out))
+    if os.geteuid() != 0:  # root ignores file modes
+        with pytest.raises(PermissionError):
+            open(pairs[0][1], "r+b")
+    # Writers replace files (temporary name, then rename): a base shard replaced leaves the merged one intact.
+    merged_bytes = pairs[0][1].read_bytes()
+    tmp = pairs[0][0].with_suffix(".tmp")
+    tmp.write_bytes(b"another version")
+    os.replace(tmp, pairs[0][0])
+    assert pairs[0][1].read_bytes() == merged_bytes
+    assert before[pairs[1][0].name] == file_hashes(root / "data/bases/r1")[pairs[1][0].name]
+
+
+def test_carry_reflink_is_refused_clearly_where_the_filesystem_has_none(world):
+    root, *_ = world
+    if reflinks_work(root):
+        m = merge(root, base=str(root / "data/bases/r1"), carry="reflink")
+        assert m["carried_by"] == "reflink" and not any(os.path.samefile(b, o) for b, o in carried_pairs(root))
+    else:
+        with pytest.raises(OSError, match="merge.carry: reflink"):
+            merge(root, base=str(root / "data/bases/r1"), carry="reflink")
+        assert not (root / "data/merged").exists()
+
+
+def test_auto_never_links_to_a_dvc_cache_that_links_the_workspace(world):
+    """Where DVC's cache.type hardlinks or symlinks, the base's files are cache objects: auto copies them."""
+    root, *_ = world
+    (root / ".dvc").mkdir()
+    (root / ".dvc/config").write_text("[cache]\n    type = hardlink,copy\n", encoding="utf-8")
+    assert dvc_cache_types(root / "data/merged") == ["hardlink", "copy"]
+    assert not hardlink_is_safe(root / "data/merged")
+    m = merge(root, base=str(root / "data/bases/r1"))
+    assert m["carried_by"] in ("reflink", "copy") and not any(os.path.samefile(b, o) for b, o in carried_pairs(root))
+    # DVC's default (reflink, copy): the cache holds its own copies, so a hardlink is safe.
+    (root / ".dvc/config").write_text("", encoding="utf-8")
+    assert dvc_cache_types(root / "data/merged") == ["reflink", "copy"] and hardlink_is_safe(root / "data/merged")
+    assert merge(root, base=str(root / "data/bases/r1"))["carried_by"] in ("reflink", "hardlink")
+
+
+def test_hardlink_across_filesystems_falls_back_to_a_copy(world):
+    root, *_ = world
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or shm.stat().st_dev == root.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's tmp_path")
+    elsewhere = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        shutil.copytree(root / "data/bases/r1", elsewhere / "r1")
+        m = merge(root, base=str(elsewhere / "r1"))
+        assert m["carried_by"] == "copy" and m["base_shards_carried"] > 0
+        with pytest.raises(OSError, match="merge.carry: hardlink"):
+            merge(root, base=str(elsewhere / "r1"), carry="hardlink")
+    finally:
+        shutil.rmtree(elsewhere)
+
+
+def test_refused_by_the_reencode_check_after_staging_publishes_nothing(world, tmp_path_factory):
+    """The re-encode check runs while the shards are staged; its refusal discards them, links and all."""
+    root, info, _, _ = world
+    other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380, seed=7)
+    # A draftline.json that claims the target's tokenizer over rows of another: only the re-encode check can tell.
+    liar = root / "data/bases/liar"
+    write_tokenized(liar, make_rows(other_dir, [f"o{i}" for i in range(30)], seed=3, words=40), info)
+    modes = {f: stat.S_IMODE((liar / f).stat().st_mode) for f in fmt.shard_files(liar)}
+    with pytest.raises(MergeGuardError, match="re-encode"):
+        merge(root, base=str(liar), carry="hardlink")
+    assert not (root / "data/merged").exists() and not list(root.glob("data/.merged*"))
+    assert {f: stat.S_IMODE((liar / f).stat().st_mode) for f in fmt.shard_files(liar)} == modes
+
+
+def test_unknown_carry_mode_is_an_error():
+    with pytest.raises(ValueError, match="merge.carry"):
+        merge_params(carry="symlink")

@@ -1,0 +1,155 @@
+"""Data versions of the merge stage through real git + DVC, in a temporary repository holding only that stage.
+
+Proves what docs/merge.md ("Backup and rollback") promises: a second ``dvc repro`` does nothing; the cache grows
+by the new data alone when a round extends the previous merged set; ``git checkout HEAD~1 && dvc checkout``
+restores the previous ``data/merged`` byte-identical; ``dvc push`` / ``dvc pull`` to a local remote restore a
+deleted cache. And that carrying the base by hardlink (``merge.carry: auto`` under DVC's default cache.type) is
+safe: DVC's cache keeps intact copies, and DVC replaces workspace files rather than writing into them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import default_params
+from merge_support import file_hashes, make_rows, train_tokenizer, write_target, write_tokenized
+
+from draftline.core import dataset as fmt
+from draftline.core.dataset import load_training_set
+
+REPO = Path(__file__).resolve().parents[2]
+DVC = str(Path(sys.executable).with_name("dvc"))
+
+DVC_YAML = """\
+stages:
+  merge:
+    cmd: python stages/merge.py
+    deps:
+      - stages/merge.py
+      - data/tokenized
+      - data/target/target.json
+      - data/bases
+    params:
+      - merge
+    outs:
+      - data/merged
+    metrics:
+      - metrics/merge.json:
+          cache: false
+"""
+
+
+def sh(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    r = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
+    return r.stdout + r.stderr
+
+
+def cache_bytes(repo: Path) -> int:
+    return sum(p.stat().st_size for p in (repo / ".dvc/cache").rglob("*") if p.is_file())
+
+
+def cache_is_intact(repo: Path) -> bool:
+    """Every DVC cache object still holds the bytes its name (their md5) says."""
+    objects = [p for p in (repo / ".dvc/cache/files/md5").rglob("*") if p.is_file()]
+    return bool(objects) and all(
+        hashlib.md5(p.read_bytes()).hexdigest() == p.parent.name + p.name.removesuffix(".dir") for p in objects
+    )
+
+
+def set_params(repo: Path, **merge) -> None:
+    params = {"merge": default_params("merge", **{"base": None, "assume_same_tokenizer": False, "seed": 0, **merge})}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_versions_rollback_and_remote(tmp_path: Path):
+    tok_dir = train_tokenizer(tmp_path / "tok")
+    repo = tmp_path / "repo"
+    (repo / "stages").mkdir(parents=True)
+    shutil.copy(REPO / "stages/merge.py", repo / "stages/merge.py")
+    (repo / "dvc.yaml").write_text(DVC_YAML, encoding="utf-8")
+    (repo / "data/bases").mkdir(parents=True)
+    (repo / "data/bases/README.md").write_text("bases\n", encoding="utf-8")
+    info = write_target(repo / "data/target/target.json", tok_dir)
+    sh(repo, "git", "init", "-q")
+    sh(repo, DVC, "init", "-q")
+
+    # Version 1: no base, the first tokenized set.
+    set_params(repo)
+    write_tokenized(repo / "data/tokenized", make_rows(tok_dir, [f"a{i}" for i in range(600)], seed=1, words=80), info, 200_000)
+    sh(repo, DVC, "add", "-q", "data/tokenized")
+    sh(repo, DVC, "repro")
+    assert "up to date" in sh(repo, DVC, "repro").lower()  # the second repro runs nothing
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "v1")
+    v1 = file_hashes(repo / "data/merged")
+
+    # Version 2: the merged set becomes the base of the next round; new rows, 50 of them repeating prompts.
+    shutil.copytree(repo / "data/merged", repo / "data/bases/r1")
+    sh(repo, DVC, "add", "-q", "data/bases/r1")
+    new_ids = [f"a{i}" for i in range(50)] + [f"b{i}" for i in range(400)]
+    write_tokenized(repo / "data/tokenized", make_rows(tok_dir, new_ids, seed=2, words=80), info, 200_000)
+    sh(repo, DVC, "add", "-q", "data/tokenized")
+    set_params(repo, base="data/bases/r1")
+    before = cache_bytes(repo)
+    sh(repo, DVC, "repro")
+    growth = cache_bytes(repo) - before
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "v2: extend round 1")
+    v2 = file_hashes(repo / "data/merged")
+    ds, order, _ = load_training_set(repo / "data/merged")
+    assert ds["id"] == [f"a{i}" for i in range(600)] + [f"b{i}" for i in range(400)] and len(order) == 1000
+    n_base = len(fmt.shard_files(repo / "data/bases/r1"))
+    new_bytes = sum((repo / "data/merged" / f).stat().st_size for f in fmt.shard_files(repo / "data/merged")[n_base:])
+    # The base's shards are already in the cache: it grows by the new shards, the order and small metadata.
+    assert new_bytes <= growth <= 1.1 * new_bytes, (growth, new_bytes)
+    carried_by = json.loads((repo / "metrics/merge.json").read_text())["carried_by"]
+    assert carried_by in ("reflink", "hardlink")  # auto, under DVC's default cache.type (reflink, copy)
+    # DVC's commit replaced hardlinked outputs by copies of its own: the cache is intact, nothing links the base.
+    merged_files = [repo / "data/merged" / f for f in fmt.shard_files(repo / "data/merged")]
+    assert all(f.stat().st_nlink == 1 for f in merged_files)
+    assert cache_is_intact(repo)
+
+    # Rollback: the previous commit's data/merged comes back byte-identical, then the new one again.
+    sh(repo, "git", "checkout", "-q", "HEAD~1")
+    sh(repo, DVC, "checkout", "-f")
+    assert file_hashes(repo / "data/merged") == v1
+    sh(repo, "git", "checkout", "-q", "-")
+    sh(repo, DVC, "checkout", "-f")
+    assert file_hashes(repo / "data/merged") == v2
+
+    # The stage run outside DVC leaves the base's shards hardlinked into data/merged. Checking out another
+    # data/merged replaces those files (DVC never writes into one): the base and the cache stay intact.
+    base_v2 = file_hashes(repo / "data/bases/r1")
+    sh(repo, sys.executable, "stages/merge.py")
+    assert file_hashes(repo / "data/merged") == v2
+    if carried_by == "hardlink":
+        assert sum(f.stat().st_nlink == 2 for f in merged_files) == n_base
+    sh(repo, "git", "checkout", "-q", "HEAD~1", "--", "dvc.lock")
+    sh(repo, DVC, "checkout", "-f", "data/merged")
+    assert file_hashes(repo / "data/merged") == v1
+    assert file_hashes(repo / "data/bases/r1") == base_v2 and cache_is_intact(repo)
+    sh(repo, "git", "checkout", "-q", "HEAD", "--", "dvc.lock")
+    sh(repo, DVC, "checkout", "-f")
+    assert file_hashes(repo / "data/merged") == v2
+    assert "up to date" in sh(repo, DVC, "status").lower()
+
+    # Backup: push to a local remote, lose the cache and the workspace copy, pull them back.
+    sh(repo, DVC, "remote", "add", "-d", "backup", str(tmp_path / "remote"))
+    sh(repo, DVC, "push", "-q")
+    shutil.rmtree(repo / ".dvc/cache")
+    shutil.rmtree(repo / "data/merged")
+    sh(repo, DVC, "pull", "-q")
+    assert file_hashes(repo / "data/merged") == v2
+    assert "up to date" in sh(repo, DVC, "status").lower()

@@ -1,0 +1,144 @@
+"""The whole prompt stage on the real-row fixtures: exact totals, determinism, nothing written on failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import default_params
+
+from draftline.conversations.stage import ConversationsParams, run_conversations
+from draftline.core.files import iter_jsonl
+from draftline.core.raw import rows_to_table, write_raw
+from draftline.core.skips import SkipError
+from draftline.core.source_spec import SourceSpec
+from draftline.core.target import load_target, load_tokenizer
+from draftline.prompts.blend import BlendError, BlendParams
+from draftline.prompts.dedup import DedupParams
+from draftline.prompts.stage import PromptsParams, run_prompts
+from draftline.target.stage import TargetParams, write_target
+
+SOURCES = {
+    "glaive": ("agent_glaive_toolcall_sharegpt", "agent"),
+    "agent_reason": ("agent_reason_tool_use_llamafactory_v1", "agent"),
+    "codefeedback": ("codefeedback_filtered_instruction", "codefeedback"),
+    "hermes": ("hermes_function_calling_v1", "hermes_fc"),
+    "infinity_7m": ("infinity_instruct_7M", "infinity_instruct"),
+    "infinity_gen": ("infinity_instruct_gen", "infinity_instruct"),
+    "metamathqa": ("metamathqa", "metamathqa"),
+    "http": ("openai_multimodal_request_bodies", "http_traces"),
+}
+PROMPTS = {"turns": "first", "strict": False}
+DEDUP = {"priority": ["hermes", "glaive"], "near": default_params("dedup", )["near"] | {"exact_numbers": ["metamathqa"]}}
+CONVERSATIONS = ConversationsParams.parse({"multimodal": "drop", "strict": False}, "conversations")
+
+
+def _conversations(root: Path, adapters: dict[str, str], params=CONVERSATIONS) -> Path:
+    """Every source's raw rows (under ``root/raw``) through the conversations stage, into ``root/<tag>``."""
+    out = root / ("conversations-" + "-".join(f"{n}.{a}" for n, a in sorted(adapters.items()))[:80])
+    for name, adapter in adapters.items():
+        spec = SourceSpec.parse({"path": "x", "adapter": adapter}, f"sources.{name}")
+        run_conversations(name, spec, params, root / "raw", out, root / "metrics-conversations")
+    return out
+
+
+@pytest.fixture(scope="module")
+def env(datasets_dir: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("stage")
+    for name, (fixture, _) in SOURCES.items():
+        rows = [json.loads(line) for line in (datasets_dir / f"{fixture}.jsonl").read_text().splitlines()]
+        write_raw(rows_to_table(rows), root / "raw" / name)
+    target = default_params("target", path=str(qwen3_tokenizer_dir))
+    write_target(TargetParams.parse(target, "target"), root / "target")
+    return root
+
+
+def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, adapters=None):
+    adapters = adapters or {name: a for name, (_, a) in SOURCES.items()}
+    o = env / out
+    metrics = run_prompts(
+        list(SOURCES), PromptsParams.parse(prompts, "prompts"), DedupParams.parse(DEDUP, "dedup"),
+        BlendParams.parse(blend, "blend"), False, conversations_root=_conversations(env, adapters),
+        target_dir=env / "target", out_dir=o / "prompts", metrics_path=o / "metrics.json", plots_path=o / "mix.csv",
+    )
+    return metrics, o
+
+
+def _rows(path: Path) -> list[dict]:
+    return [v for _, v, _ in iter_jsonl(path)]
+
+
+BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval_per_source": 1, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}}}
+
+
+@pytest.mark.parametrize("total", [17, 40])
+def test_gives_exactly_total_train_rows_and_a_disjoint_eval(env: Path, total: int) -> None:
+    metrics, o = _run(env, f"n{total}", {**BLEND, "total": total})
+    train, eval_ = _rows(o / "prompts/train.jsonl"), _rows(o / "prompts/eval.jsonl")
+    assert len(train) == total == metrics["train_rows"]
+    assert not {r["id"] for r in train} & {r["id"] for r in eval_}
+    assert len({r["id"] for r in train}) == len(train)
+    assert metrics["sources"]["codefeedback"]["achieved_rows"] == 1  # whole
+    for r in train:
+        assert set(r) == {"id", "source", "row", "messages", "tools", "reference"}
+        assert r["messages"][-1]["role"] == "user"
+    m = metrics["sources"]["http"]
+    assert m["skipped"] == {"malformed": 1} and m["rows_read"] == 10
+    assert m["available"] == m["prompts"] - m["exact_duplicates"] - m["near_duplicates"]
+    assert json.loads((o / "metrics.json").read_text()) == metrics
+    assert (o / "mix.csv").read_text().splitlines()[0].startswith("source,rows_read,")
+
+
+def test_two_runs_are_byte_identical(env: Path) -> None:
+    _, a = _run(env, "a", BLEND)
+    _, b = _run(env, "b", BLEND)
+    for f in ("prompts/train.jsonl", "prompts/eval.jsonl", "metrics.json", "mix.csv"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    _, c = _run(env, "c", {**BLEND, "seed": 1})
+    assert (a / "prompts/train.jsonl").read_bytes() != (c / "prompts/train.jsonl").read_bytes()
+
+
+def test_unit_tokens_meets_total_within_one_row(env: Path) -> None:
+    metrics, o = _run(env, "tok", {**BLEND, "unit": "tokens", "total": 15000})
+    train = _rows(o / "prompts/train.jsonl")
+    assert metrics["unit"] == "tokens" and metrics["requested_tokens"] == 15000
+    tok = load_tokenizer(load_target(env / "target"))
+    costs = [
+        len(tok.apply_chat_template(r["messages"], tools=r["tools"], add_generation_prompt=True, tokenize=True,
+                                    return_dict=False, enable_thinking=False))  # the run's thinking mode
+        + len(tok(r["reference"] or "", add_special_tokens=False)["input_ids"])
+        for r in train
+    ]
+    assert sum(costs) == metrics["train_tokens"]
+    assert 15000 <= sum(costs) < 15000 + max(costs)
+
+
+def test_infeasible_blend_fails_before_writing(env: Path) -> None:
+    _, o = _run(env, "keep", BLEND)
+    before = (o / "prompts/train.jsonl").read_bytes()
+    with pytest.raises(BlendError, match=r"blend.total=5000 samples but only \d+ are available"):
+        _run(env, "keep", {**BLEND, "total": 5000})
+    assert (o / "prompts/train.jsonl").read_bytes() == before
+    with pytest.raises(BlendError, match="whole sources hold"):
+        _run(env, "none", {**BLEND, "total": 10, "sources": {"infinity_gen": {"whole": True}}})
+    assert not (env / "none").exists()
+
+
+def test_strict_stops_at_the_first_bad_row_naming_it(env: Path) -> None:
+    strict = ConversationsParams.parse({"multimodal": "drop", "strict": True}, "conversations")
+    with pytest.raises(SkipError, match="hermes row 1: bad_tools"):
+        run_conversations("hermes", SourceSpec.parse({"path": "x", "adapter": "hermes_fc"}, "sources.hermes"), strict,
+                          env / "raw", env / "strict", env / "strict-metrics")
+    assert not (env / "strict" / "hermes").exists()
+
+
+def test_all_bad_source_warns_and_gives_zero_rows(env: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # codefeedback's rows read with the hermes preset have no conversations: every row is malformed.
+    adapters = {name: a for name, (_, a) in SOURCES.items()}
+    adapters["codefeedback"] = "hermes_fc"
+    metrics, _ = _run(env, "bad", {**BLEND, "sources": {}}, adapters=adapters)
+    assert metrics["sources"]["codefeedback"]["achieved_rows"] == 0
+    assert metrics["sources"]["codefeedback"]["skipped"] == {"malformed": 1}
+    assert metrics["train_rows"] == 40
+    assert "codefeedback gave no usable prompts" in caplog.text

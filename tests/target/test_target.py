@@ -1,0 +1,331 @@
+"""The target stage: fingerprints, a real Qwen3 tokenizer folder as the target, and the embedded target."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TARGET_PARAMS, WEATHER_TOOL, default_params, tiny_conversations
+
+from draftline.conversations.stage import ConversationsParams, run_conversations
+from draftline.core.fingerprint import sha256_file, tokenizer_fingerprint
+from draftline.core.params import ParamsError
+from draftline.core.records import Conversation
+from draftline.core.source_spec import SourceSpec
+from draftline.core.target import load_model, load_target, load_tokenizer
+from draftline.sources.stage import run_source
+from draftline.target.describe import describe_target
+from draftline.target.embedded.params import EmbeddedParams
+from draftline.target.stage import TargetParams, run_target, write_target
+
+
+def target_params(params: dict | None = None, **overrides) -> TargetParams:
+    """params.yaml's target section with ``overrides`` (or ``params`` whole, e.g. the tiny embedded one)."""
+    return TargetParams.parse(params if params is not None else default_params("target", **overrides), "target")
+
+QWEN3_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for name in QWEN3_TOKENIZER_FILES:
+        shutil.copyfile(src / name, dst / name)
+    return dst
+
+
+def folder_digests(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------------------------ fingerprints
+
+
+def test_fingerprint_same_files_same_fingerprint_one_changed_merge_differs(qwen3_tokenizer_dir, tmp_path):
+    template = json.loads((qwen3_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"]
+    original = tokenizer_fingerprint(qwen3_tokenizer_dir, template)
+    copy = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "copy")
+    assert tokenizer_fingerprint(copy, template) == original  # the folder's path does not count
+
+    changed = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "changed")
+    lines = (changed / "merges.txt").read_text(encoding="utf-8").split("\n")
+    last = max(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    a, b = lines[last].split(" ")
+    lines[last] = f"{b} {a}"  # one merge rule changed, everything else byte-identical
+    (changed / "merges.txt").write_text("\n".join(lines), encoding="utf-8")
+    assert tokenizer_fingerprint(changed, template) != original
+
+    # The chat template counts too, wherever transformers took it from.
+    assert tokenizer_fingerprint(copy, template + " ") != original
+
+
+def test_describe_sees_a_changed_template_and_load_tokenizer_refuses_a_changed_folder(qwen3_tokenizer_dir, tmp_path):
+    folder = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "tok")
+    write_target(target_params(path=str(folder)), tmp_path / "target")
+    info = load_target(tmp_path / "target")
+    assert load_tokenizer(info).eos_token_id == 151645
+
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = cfg["chat_template"].replace("# Tools", "# Functions")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    changed = describe_target(folder)
+    assert changed.chat_template_sha256 != info.chat_template_sha256
+    assert changed.tokenizer_fingerprint != info.tokenizer_fingerprint
+    with pytest.raises(ValueError, match="changed since the target stage"):
+        load_tokenizer(info)
+
+
+# ---------------------------------------------------------------------------------------- a real Qwen3 tokenizer
+
+
+def test_qwen3_tokenizer_folder_as_target(qwen3_tokenizer_dir, tmp_path):
+    target_dir = tmp_path / "data" / "target"
+    run_target(
+        target_params(path=str(qwen3_tokenizer_dir)), target_dir=target_dir,
+        metrics_path=tmp_path / "metrics.json", plot_path=tmp_path / "loss.csv",
+    )
+    assert sorted(p.name for p in target_dir.iterdir()) == ["target.json"]  # used in place, nothing copied
+    raw = json.loads((target_dir / "target.json").read_text())
+    assert raw["eos_token"] == "<|im_end|>" and raw["eos_token_id"] == 151645
+    assert raw["pad_token_id"] == 151643
+    assert raw["end_of_turn_token"] == "<|im_end|>" and raw["end_of_turn_token_id"] == 151645
+    assert (raw["think_start_token"], raw["think_end_token"]) == ("<think>", "</think>")
+    assert raw["mask_token_id"] == 151656  # <|video_pad|>: the highest special token the template never writes
+    assert raw["vocab_size"] == 151669  # no config.json: the tokenizer's own size
+    assert raw["num_hidden_layers"] is None and raw["hidden_size"] is None and raw["model_fingerprint"] is None
+    assert raw["embedded"] is False
+    template = json.loads((qwen3_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"]
+    assert raw["tokenizer_fingerprint"] == tokenizer_fingerprint(qwen3_tokenizer_dir, template)
+
+    info = load_target(target_dir)
+    assert Path(info.path) == qwen3_tokenizer_dir.absolute()
+    tok = load_tokenizer(info)
+    assert tok.convert_ids_to_tokens(info.mask_token_id) == "<|video_pad|>"
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert info.mask_token_id not in tok(text).input_ids
+    with pytest.raises(ValueError, match="no model weights"):
+        load_model(info)
+    assert json.loads((tmp_path / "metrics.json").read_text())["embedded"] is False
+    assert (tmp_path / "loss.csv").read_text() == "step,loss,lr\n"
+
+
+def test_config_json_fields_and_mask_token_override(qwen3_tokenizer_dir, tmp_path):
+    folder = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "ckpt")
+    # Multimodal checkpoints (Qwen3.5 / 3.6) keep the text model's fields under text_config.
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "qwen3_vl", "text_config": {"num_hidden_layers": 36, "hidden_size": 4096, "vocab_size": 151936}})
+    )
+    info = describe_target(folder)
+    assert (info.num_hidden_layers, info.hidden_size, info.vocab_size) == (36, 4096, 151936)
+    assert describe_target(folder, mask_token_id=151669).mask_token_id == 151669  # a padding row of the embedding
+    with pytest.raises(ValueError, match="outside the embedding"):
+        describe_target(folder, mask_token_id=151936)
+    with pytest.raises(ValueError, match="eos/pad"):
+        describe_target(folder, mask_token_id=151645)
+    with pytest.raises(ValueError, match="ordinary vocabulary token"):
+        describe_target(folder, mask_token_id=1000)
+    with pytest.raises(ValueError, match="chat template writes"):
+        describe_target(folder, mask_token_id=151667)  # <think>
+    (folder / "config.json").unlink()
+    with pytest.raises(ValueError, match="no\\s+config.json"):
+        describe_target(folder, mask_token_id=151669)
+
+
+def test_bad_target_paths_fail_clearly(qwen3_tokenizer_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        describe_target(tmp_path / "missing")
+    folder = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "notemplate")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no chat template"):
+        write_target(target_params(path=str(folder)), tmp_path / "target")
+    assert not (tmp_path / "target").exists()  # nothing half-written
+    with pytest.raises(ParamsError, match="unknown key"):
+        EmbeddedParams.parse({**TINY_TARGET_PARAMS["embedded"], "layers": 4}, "target.embedded")
+    with pytest.raises(ParamsError, match="num_layers must be >= 4"):
+        EmbeddedParams.parse({**TINY_TARGET_PARAMS["embedded"], "num_layers": 2}, "target.embedded")
+
+
+# ------------------------------------------------------------------------------------------- the embedded target
+
+
+def test_embedded_target_round_trips_through_auto_classes(embedded_target):
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    info = load_target(embedded_target)
+    assert info.embedded and Path(info.path) == embedded_target / "model"
+    tok = load_tokenizer(info)
+    model = load_model(info, dtype=torch.float32)
+    assert isinstance(model, Qwen3ForCausalLM)
+    assert model.config.num_hidden_layers == info.num_hidden_layers >= 4
+    assert model.config.hidden_size == info.hidden_size
+    assert model.get_input_embeddings().weight.shape[0] == info.vocab_size >= len(tok)
+
+    for token in ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_response>"):
+        assert len(tok(token, add_special_tokens=False).input_ids) == 1, token
+    assert tok.eos_token == info.eos_token == "<|im_end|>" and tok.eos_token_id == info.end_of_turn_token_id
+    assert tok.convert_ids_to_tokens(info.pad_token_id) == "<|endoftext|>"
+    assert tok.convert_ids_to_tokens(info.mask_token_id) == "<|reserved_3|>"
+    text = "def f(x):\n    return 42 * x  # 中文 ok"
+    assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text
+
+    corpus = [tok.apply_chat_template(c.messages, tools=c.tools, tokenize=False) for c in tiny_conversations(8)]
+    ids = tok(corpus, add_special_tokens=False).input_ids
+    assert all(info.mask_token_id not in row for row in ids)
+    logits = model(torch.tensor([ids[0]])).logits
+    assert logits.shape == (1, len(ids[0]), info.vocab_size)
+
+    # Training took: the loss fell, and greedy output ends its reply with the end-of-turn token's patterns.
+    prompt = tok.apply_chat_template(
+        tiny_conversations(1)[0].messages[:1], add_generation_prompt=True, enable_thinking=False, tokenize=False
+    )
+    out = model.generate(tok(prompt, return_tensors="pt").input_ids, max_new_tokens=6, do_sample=False)
+    assert out.shape[1] > len(tok(prompt).input_ids)
+
+
+def test_embedded_build_is_deterministic_and_seeded(embedded_target, tmp_path):
+    again = tmp_path / "again"
+    write_target(target_params(TINY_TARGET_PARAMS), again, tiny_conversations())
+    assert folder_digests(again) == folder_digests(embedded_target)
+
+    other = tmp_path / "seed1"
+    write_target(target_params({**TINY_TARGET_PARAMS, "seed": 1}), other, tiny_conversations())
+    a, b = load_target(embedded_target), load_target(other)
+    assert a.tokenizer_fingerprint == b.tokenizer_fingerprint  # the tokenizer depends on the corpus only
+    assert a.model_fingerprint != b.model_fingerprint
+
+
+def test_embedded_stage_from_raw_sources(tmp_path):
+    """The stage end to end: raw rows -> the conversations stage -> the embedded target, metrics and loss curve."""
+    rows = [
+        {"id": i, "conversations": [{"from": "human", "value": f"What is {i % 9} times 3?"},
+                                    {"from": "gpt", "value": f"{i % 9} times 3 is {3 * (i % 9)}."}]}
+        for i in range(80)
+    ]
+    src_file = tmp_path / "chats.jsonl"
+    src_file.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    spec = SourceSpec.parse({"path": str(src_file), "adapter": "infinity_instruct"}, "sources.chats")
+    run_source("chats", spec, raw_root=tmp_path / "raw", metrics_root=tmp_path / "m")
+    run_conversations("chats", spec, ConversationsParams.parse(default_params("conversations"), "conversations"),
+                      tmp_path / "raw", tmp_path / "conversations", tmp_path / "m")
+
+    info = run_target(
+        target_params(TINY_TARGET_PARAMS), target_dir=tmp_path / "target", conversations_root=tmp_path / "conversations",
+        metrics_path=tmp_path / "metrics.json", plot_path=tmp_path / "loss.csv",
+    )
+    assert info.embedded and info.num_hidden_layers == 4
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["corpus_conversations"] == 80
+    assert 5e4 < metrics["parameters"] < 5e5 and metrics["final_loss"] < metrics["first_loss"]
+    with open(tmp_path / "loss.csv") as f:
+        curve = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in curve] == list(range(1, TINY_TARGET_PARAMS["embedded"]["steps"] + 1))
+    samples = [json.loads(line) for line in (tmp_path / "target" / "greedy_samples.jsonl").read_text().splitlines()]
+    assert samples and samples[0]["prompt"].endswith("<think>\n\n</think>\n\n")
+
+    with pytest.raises(FileNotFoundError, match="dvc repro conversations"):
+        run_target(target_params(TINY_TARGET_PARAMS), target_dir=tmp_path / "t2", conversations_root=tmp_path / "absent",
+                   metrics_path=tmp_path / "m2.json", plot_path=tmp_path / "l2.csv")
+
+
+# --------------------------------------------------------------------------------------------- the chat template
+
+CHATS = [
+    # system, multi-turn, reasoning on the last turn and on an earlier one (which Qwen3 drops)
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+      {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+      {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6", "reasoning_content": "three and three"}],
+     None),
+    # reasoning carried inside content
+    ([{"role": "user", "content": "x?"}, {"role": "assistant", "content": "<think>\nhmm\n</think>\n\ny"}], None),
+    # tools, two tool calls (dict and string arguments), two tool results, then the answer
+    ([{"role": "system", "content": "You call tools."}, {"role": "user", "content": "Weather in Oslo and Lima?"},
+      {"role": "assistant", "content": "Checking.", "tool_calls": [
+          {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+          {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Lima\"}"}}]},
+      {"role": "tool", "content": "cold"}, {"role": "tool", "content": "warm"},
+      {"role": "assistant", "content": "Oslo is cold, Lima warm.", "reasoning_content": "read both"}],
+     [WEATHER_TOOL]),
+    # a tool call with no content and no system prompt
+    ([{"role": "user", "content": "Weather in Cairo?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Cairo"}}}]},
+      {"role": "tool", "content": "hot"}],
+     [WEATHER_TOOL]),
+]
+
+TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n", re.S)
+
+
+def structure(text: str) -> tuple[list[tuple[str, str]], str]:
+    """``(turns, rest)``: the ChatML turns as (role, body), back to back from the start, and what follows them
+    (the generation prompt). A system turn with tools keeps its system prompt and tool lines, not the wording."""
+    turns, pos = [], 0
+    while m := TURN.match(text, pos):
+        role, body = m.groups()
+        if role == "system" and "<tools>" in body:
+            body = body.split("# Tools")[0] + "<tools>" + body.split("<tools>\n")[1].split("\n</tools>")[0] + "</tools>"
+        turns.append((role, body))
+        pos = m.end()
+    return turns, text[pos:]
+
+
+@pytest.mark.parametrize("index", range(len(CHATS)))
+def test_embedded_template_renders_the_structure_of_qwen3(embedded_target, qwen3_tokenizer_dir, index):
+    from transformers import AutoTokenizer
+
+    ours = load_tokenizer(load_target(embedded_target))
+    qwen = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir), local_files_only=True)
+    messages, tools = CHATS[index]
+    for kwargs in ({}, {"add_generation_prompt": True}, {"add_generation_prompt": True, "enable_thinking": False}):
+        msgs = messages if not kwargs else messages[:-1] if messages[-1]["role"] == "assistant" else messages
+        a = ours.apply_chat_template(msgs, tools=tools, tokenize=False, **kwargs)
+        b = qwen.apply_chat_template(msgs, tools=tools, tokenize=False, **kwargs)
+        turns, rest = structure(a)
+        assert (turns, rest) == structure(b), kwargs
+        prompt = "<|im_start|>assistant\n" + ("<think>\n\n</think>\n\n" if kwargs.get("enable_thinking") is False else "")
+        assert turns and rest == (prompt if kwargs else ""), kwargs
+
+
+def test_embedded_template_features(embedded_target):
+    tok = load_tokenizer(load_target(embedded_target))
+    user = [{"role": "user", "content": "Hi"}]
+    on = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+    off = tok.apply_chat_template(user, add_generation_prompt=True, enable_thinking=False, tokenize=False)
+    assert on == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert off == on + "<think>\n\n</think>\n\n"
+
+    messages, tools = CHATS[2]
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False)
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nYou call tools.\n\n") and json.dumps(WEATHER_TOOL) in system
+    assert ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call><|im_end|>') in text
+    assert "<|im_start|>user\n<tool_response>\ncold\n</tool_response>\n<tool_response>\nwarm\n</tool_response><|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n<think>\nread both\n</think>\n\nOslo is cold, Lima warm.<|im_end|>\n")
+
+    earlier = tok.apply_chat_template(CHATS[0][0], tokenize=False)
+    assert "two and two" not in earlier and "<think>\nthree and three\n</think>\n\n6" in earlier
+
+
+def test_a_conversation_the_template_cannot_render_is_skipped_and_counted():
+    import logging
+
+    from draftline.core.skips import SkipError, Skips
+    from draftline.target.embedded.tokenizer import render_corpus
+
+    good = tiny_conversations(3)
+    # tool_calls that are not a list: the template raises on this one conversation.
+    bad = Conversation(source="tiny", row=99, messages=[
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": 5},
+    ])
+    skips = Skips(logging.getLogger("test"))
+    rendered = list(render_corpus([good[0], bad, *good[1:]], skips))
+    assert [c.row for c, _ in rendered] == [c.row for c in good]
+    assert skips.as_dict() == {"render_error": 1}
+    with pytest.raises(SkipError, match="tiny row 99"):
+        list(render_corpus([bad], Skips(logging.getLogger("test"), strict=True)))

@@ -1,0 +1,143 @@
+"""Training end to end on a tiny target: learning, the memory preflight, resume after a kill, 2-process DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import drafter_support as S
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftline.train.memory import MemoryPlanError, Shapes, preflight
+from draftline.train.trainer import train
+
+DRIVER = Path(__file__).resolve().parents[1] / "drafter_support.py"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    S.make_target(root)
+    S.make_merged(root, S.make_rows(96))
+    return root
+
+
+def _copy_inputs(src: Path, dst: Path) -> Path:
+    for sub in ("data/target", "data/merged"):
+        os.makedirs(dst / sub, exist_ok=True)
+        subprocess.run(["cp", "-r", f"{src / sub}/.", str(dst / sub)], check=True)
+    return dst
+
+
+def _launch(root: Path, params: dict) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), str(root), json.dumps(params)],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def test_training_lowers_the_loss_and_writes_outputs(workdir):
+    torch.set_num_threads(1)
+    metrics = train(S.train_params(epochs=6, log_every=5), S.paths(workdir))
+    # A random 6-layer target makes a hard teacher; the bar is clear learning, not a converged drafter.
+    assert metrics["final_loss"] < 0.85 * metrics["first_loss"]
+    ckpt = workdir / "data" / "checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "model.safetensors"]
+    rows = (workdir / "plots" / "train_loss.csv").read_text().splitlines()
+    assert rows[0] == "step,epoch,loss,accuracy_pos1,lr,grad_norm" and len(rows) > 5
+    saved = json.loads((workdir / "metrics" / "train.json").read_text())
+    assert saved["steps"] == metrics["steps"] and saved["preflight"]["measured"] is False
+
+
+def _shapes() -> Shapes:
+    return Shapes(target_param_bytes=10**6, drafter_params=10**5, target_layers=6, hidden=64, intermediate=128,
+                  heads=4, kv_heads=2, head_dim=16, vocab=256, drafter_layers=1, features=3, block_size=8,
+                  act_bytes=4)
+
+
+def test_preflight_refuses_and_names_a_budget_that_fits():
+    lengths = np.array([40, 400, 380, 120, 60, 300, 390, 200])
+    anchors = np.full(8, 64)
+    rows = np.arange(8)
+    from draftline.train.data import pack_batches
+
+    def run(budget: int, limit_gb: float):
+        packed = pack_batches(rows, lengths, budget)
+        shapes = [(len(b), int(lengths[b].max()), int(anchors[b].max())) for b in packed]
+        return preflight(_shapes(), shapes, anchors_per_seq=64, limit_gb=limit_gb, budget=budget, rows=rows,
+                         lengths=lengths, anchors=anchors)
+
+    ok = run(400, 1.0)
+    limit = ok.peak_bytes * 2.5 / 1024**3
+    assert run(400, limit).peak_bytes <= limit * 1024**3
+    with pytest.raises(MemoryPlanError, match=r"max_tokens_per_batch <= (\d+)") as err:
+        run(2400, limit)
+    fit = int(re.search(r"max_tokens_per_batch <= (\d+)", str(err.value)).group(1))
+    assert 400 <= fit < 2400
+    run(fit, limit)  # the named budget passes
+    with pytest.raises(MemoryPlanError):
+        run(fit + 1, limit) if fit + 1 < 2400 else run(2400, limit)
+    with pytest.raises(MemoryPlanError, match="max_length"):
+        run(400, ok.peak_bytes * 0.5 / 1024**3)  # not even one longest row fits
+
+
+def test_train_refuses_before_step_one(tmp_path, workdir):
+    root = _copy_inputs(workdir, tmp_path)
+    with pytest.raises(MemoryPlanError, match="memory_limit_gb"):
+        train(S.train_params(memory_limit_gb=0.001), S.paths(root))
+    assert not (root / "data" / "checkpoints").exists() and not (root / ".draftline").exists()
+
+
+def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path, workdir):
+    params = S.small_params(max_steps=120, save_every=10, log_every=10)
+    full = _copy_inputs(workdir, tmp_path / "full")
+    killed = _copy_inputs(workdir, tmp_path / "killed")
+    p = _launch(killed, params)
+    states = killed / ".draftline" / "cache" / "train"
+    deadline = time.time() + 120
+    while not list(states.glob("*/state-*.pt")) and time.time() < deadline:
+        assert p.poll() is None, p.stdout.read()
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    saved = [int(s.stem.split("-")[1]) for s in states.glob("*/state-*.pt")]
+    assert saved and max(saved) < 120, "the run finished before it could be killed"
+    assert not (killed / "data" / "checkpoints").exists()
+
+    resumed = _launch(killed, params)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert f"resuming from step {max(saved)}" in out
+    straight = _launch(full, params)
+    out_full, _ = straight.communicate(timeout=300)
+    assert straight.returncode == 0, out_full
+
+    a = load_file(str(killed / "data" / "checkpoints" / "model.safetensors"))
+    b = load_file(str(full / "data" / "checkpoints" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (killed / "plots" / "train_loss.csv").read_text() == (full / "plots" / "train_loss.csv").read_text()
+
+
+def test_two_process_gloo_ddp(tmp_path, workdir):
+    root = _copy_inputs(workdir, tmp_path)
+    p = _launch(root, S.small_params(gpus=2, epochs=1, log_every=2))
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    assert "relaunching under torchrun" in out
+    metrics = json.loads((root / "metrics" / "train.json").read_text())
+    single = train(S.train_params(epochs=1), S.paths(_copy_inputs(workdir, tmp_path / "one")))
+    # Two ranks share each epoch's batches (cut to an even count): half the optimizer steps, the same tokens.
+    assert metrics["steps"] == single["steps"] // 2
+    assert metrics["train_tokens"] >= 0.9 * single["train_tokens"]
+    assert (root / "data" / "checkpoints" / "model.safetensors").exists()
