@@ -15,7 +15,6 @@ from generate_helpers import gen_params, make_project, make_prompts, read_rows, 
 from sglang_server import FakeSGLang, reply_for
 
 from draftline.core.params import ParamsError
-from draftline.core.scratch import cache_root
 from draftline.generate.journal import Journal
 from draftline.generate.stage import request_body
 
@@ -201,19 +200,6 @@ def test_torn_last_line_is_dropped_and_cut_before_the_next_append(tmp_path):
     j.append_many([{"id": "c", "status": "ok"}])
     j.close()
     assert list(Journal(tmp_path).load()) == ["a", "c"]
-
-
-def test_cache_root_survives_dvc_temp_experiments(tmp_path, monkeypatch):
-    monkeypatch.delenv("DRAFTLINE_CACHE")
-    repo = tmp_path / "repo"
-    (repo / ".git").mkdir(parents=True)
-    exp = repo / ".dvc" / "tmp" / "exps" / "tmpab12" / "sub"
-    (exp.parent / ".git").mkdir(parents=True)
-    exp.mkdir()
-    assert cache_root(repo / "stages") == repo / ".draftline" / "cache"
-    assert cache_root(exp) == repo / ".draftline" / "cache"  # not the throwaway copy's
-    monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "elsewhere"))
-    assert cache_root(exp) == tmp_path / "elsewhere"
 
 
 def test_journal_key_follows_what_decides_a_result(tmp_path):

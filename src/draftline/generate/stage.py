@@ -214,6 +214,24 @@ def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: Genera
     return {"requests": sent, "retries": 0}
 
 
+def dispatch(ordered: list[PromptRecord], pending: list[PromptRecord], entries: dict[str, dict[str, Any]],
+             s: GenerateParams, info: TargetInfo, journal: Journal, folder: Path, progress: Progress) -> dict[str, int]:
+    """Generate ``pending`` with the configured backend (starting an SGLang server when ``launch`` is set)."""
+    if not pending:
+        return {"requests": 0, "retries": 0}
+    if s.backend == "local":
+        return generate_local(ordered, {p.id for p in pending}, s, info, journal, entries, progress)
+    prior = {p.id: entries[p.id] for p in pending if p.id in entries}
+    model = s.model or info.path
+    if s.launch is None:
+        return asyncio.run(generate_remote(pending, prior, s, s.endpoints, model, journal, entries, progress))
+    cfg = s.launch
+    url = f"http://{cfg.host}:{cfg.port}"
+    with Server(sglang_command(info.path, cfg, s.enable_thinking), url, folder / "sglang.log", launch_env(cfg),
+                cfg.health_timeout_s):
+        return asyncio.run(generate_remote(pending, prior, s, [url], model, journal, entries, progress))
+
+
 def journal_decides(s: GenerateParams, info: TargetInfo) -> dict[str, Any]:
     """What decides a result: the target, the sampling, the thinking mode, the backend (and the local settings, with
     ``device: auto`` resolved: the device decides float results, so the key names the one actually used)."""
@@ -256,22 +274,7 @@ def run_generate(params: GenerateParams, prompts_path: str | Path = "data/prompt
 
     progress = Progress(len(pending))
     try:
-        if not pending:
-            stats = {"requests": 0, "retries": 0}
-        elif s.backend == "local":
-            stats = generate_local(ordered, {p.id for p in pending}, s, info, journal, entries, progress)
-        else:
-            prior = {p.id: entries[p.id] for p in pending if p.id in entries}
-            model = s.model or info.path
-            if s.launch is not None:
-                cfg = s.launch
-                url = f"http://{cfg.host}:{cfg.port}"
-                with Server(sglang_command(info.path, cfg, s.enable_thinking), url, folder / "sglang.log",
-                            launch_env(cfg), cfg.health_timeout_s):
-                    stats = asyncio.run(generate_remote(pending, prior, s, [url], model, journal, entries, progress))
-            else:
-                stats = asyncio.run(generate_remote(pending, prior, s, s.endpoints, model, journal, entries,
-                                                    progress))
+        stats = dispatch(ordered, pending, entries, s, info, journal, folder, progress)
     finally:
         progress.close()
         journal.close()

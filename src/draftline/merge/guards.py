@@ -21,7 +21,7 @@ import xxhash
 from draftline.core.dataset import SCHEMA, build_table
 
 # Ids given to legacy rows that had none: the hash of their prompt tokens, so a later round can still match
-# new rows against them (merge.find_overlap looks for this prefix).
+# new rows against them (merge.parts.find_overlap looks for this prefix).
 PROMPT_KEY_PREFIX = "prompt-xxh3:"
 # The source recorded for legacy rows that carry no `source` column.
 LEGACY_SOURCE = "legacy"
@@ -34,7 +34,7 @@ class MergeGuardError(ValueError):
 
 @dataclass
 class CastPlan:
-    """How one dataset's columns become :data:`dataset_format.SCHEMA`, decided from its schema alone."""
+    """How one dataset's columns become :data:`draftline.core.dataset.SCHEMA`, decided from its schema alone."""
 
     # column -> "int64 -> int32" for every column whose type changes.
     casts: dict[str, str] = field(default_factory=dict)

@@ -61,7 +61,7 @@ class MergeParams(Params):
 
 
 def _check_claim(params: MergeParams, base: Part, new_meta: fmt.DatasetMeta) -> str:
-    """The base's tokenizer claim (see merge_guards.check_tokenizer_claim); returns how it was made."""
+    """The base's tokenizer claim (see :func:`draftline.merge.guards.check_tokenizer_claim`); returns how it was made."""
     claimed_fp = None
     if base.meta is None and params.base_tokenizer:
         from transformers import AutoTokenizer
