@@ -11,6 +11,7 @@ from conftest import default_params
 from draftline.conversations.stage import ConversationsParams, run_conversations
 from draftline.core.files import iter_jsonl
 from draftline.core.raw import rows_to_table, write_raw
+from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation
 from draftline.core.skips import SkipError
 from draftline.core.source_spec import SourceSpec
 from draftline.core.target import load_target, load_tokenizer
@@ -142,3 +143,22 @@ def test_all_bad_source_warns_and_gives_zero_rows(env: Path, caplog: pytest.LogC
     assert metrics["sources"]["codefeedback"]["skipped"] == {"malformed": 1}
     assert metrics["train_rows"] == 40
     assert "codefeedback gave no usable prompts" in caplog.text
+
+
+def test_prompts_strict_stops_at_a_conversation_with_no_prompt(env: Path, tmp_path: Path) -> None:
+    """prompts.strict governs cutting prompts (adapting is conversations.strict's): a conversation without a user
+    turn stops the stage, naming it, and nothing is written."""
+    folder = tmp_path / "conversations" / "x"
+    folder.mkdir(parents=True)
+    (folder / CONVERSATIONS_FILE).write_text(
+        Conversation(source="x", row=0, messages=[{"role": "assistant", "content": "hi"}]).to_json() + "\n")
+    (folder / CONVERSATIONS_STATS_FILE).write_text(json.dumps({"rows_read": 1, "skipped": {}, "media_parts_dropped": 0}))
+    blend = {**BLEND, "total": 0, "sources": {}}
+    args = (["x"], PromptsParams.parse({**PROMPTS, "strict": True}, "prompts"),
+            DedupParams.parse({**DEDUP, "priority": [], "near": {**DEDUP["near"], "exact_numbers": []}}, "dedup"),
+            BlendParams.parse(blend, "blend"), False)
+    out = dict(conversations_root=tmp_path / "conversations", target_dir=env / "target", out_dir=tmp_path / "p",
+               metrics_path=tmp_path / "m.json", plots_path=tmp_path / "mix.csv")
+    with pytest.raises(SkipError, match="x row 0: no_user"):
+        run_prompts(*args, **out)
+    assert not (tmp_path / "p").exists()

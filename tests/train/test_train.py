@@ -58,6 +58,18 @@ def test_training_lowers_the_loss_and_writes_outputs(workdir):
     assert rows[0] == "step,epoch,loss,accuracy_pos1,lr,grad_norm" and len(rows) > 5
     saved = json.loads((workdir / "metrics" / "train.json").read_text())
     assert saved["steps"] == metrics["steps"] and saved["preflight"]["measured"] is False
+    # Lineage: what the training set was made with travels in the checkpoint's config.
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["draftline"] == {"tokenizer_fingerprint": "test", "chat_template_sha256": "test",
+                                   "enable_thinking": False, "mask_token_id": S.MASK_ID}
+
+
+def test_a_training_set_of_another_tokenizer_is_refused(tmp_path, workdir):
+    root = _copy_inputs(workdir, tmp_path)
+    target = root / "data" / "target" / "target.json"
+    target.write_text(json.dumps({**json.loads(target.read_text()), "tokenizer_fingerprint": "other"}))
+    with pytest.raises(ValueError, match="another tokenizer"):
+        train(S.train_params(), S.paths(root))
 
 
 def _shapes() -> Shapes:
