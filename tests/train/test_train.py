@@ -53,13 +53,17 @@ def test_training_lowers_the_loss_and_writes_outputs(workdir):
     # A random 6-layer target makes a hard teacher; the bar is clear learning, not a converged drafter.
     assert metrics["final_loss"] < 0.85 * metrics["first_loss"]
     ckpt = workdir / "data" / "checkpoints"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "model.safetensors", "modeling_dflash.py"]
     rows = (workdir / "plots" / "train_loss.csv").read_text().splitlines()
     assert rows[0] == "step,epoch,loss,accuracy_pos1,lr,grad_norm" and len(rows) > 5
     saved = json.loads((workdir / "metrics" / "train.json").read_text())
     assert saved["steps"] == metrics["steps"] and saved["preflight"]["measured"] is False
     # Lineage: what the training set was made with travels in the checkpoint's config.
     config = json.loads((ckpt / "config.json").read_text())
+    # Saved in the target's dtype, which the tiny target's config.json names (fp32 here: a bf16 target gives bf16).
+    target_dtype = json.loads((workdir / "target-model" / "config.json").read_text())["dtype"]
+    assert config["dtype"] == config["torch_dtype"] == target_dtype
+    assert config["auto_map"] == {"AutoModel": "modeling_dflash.DFlashDraftModel"}
     assert config["draftline"] == {"tokenizer_fingerprint": "test", "chat_template_sha256": "test",
                                    "enable_thinking": False, "mask_token_id": S.MASK_ID}
 

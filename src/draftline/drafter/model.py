@@ -13,34 +13,34 @@ What makes it DFlash (z-lab, "Block Diffusion for Flash Speculative Decoding"):
 
 The arithmetic follows z-lab's reference drafter exactly (k_norm on the context keys, no input norm on the
 context, RoPE at absolute positions for context and block), so that weights trained here mean the same thing
-in those servers.
+in those servers. The layers live in :mod:`draftline.drafter.modeling_dflash`, a self-contained file that every
+checkpoint carries (with ``auto_map``), so transformers users load the same drafter without draftline; this module
+adds what training and decoding here need (the borrowed target head, the block-mask forward, the context cache).
+A checkpoint's weights are in the target's dtype; its config.json has what transformers 4.5x and 5.x both read.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3MLP,
-    Qwen3RMSNorm,
-    Qwen3RotaryEmbedding,
-    apply_rotary_pos_emb,
-    repeat_kv,
-)
 
 from draftline.core.files import atomic_path
+from draftline.drafter.modeling_dflash import DFlashModules
 
 ARCHITECTURE = "DFlashDraftModel"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# The self-contained modeling file copied into every checkpoint, and how transformers finds its class there.
+MODELING_FILE = "modeling_dflash.py"
+AUTO_MAP = {"AutoModel": f"{MODELING_FILE.removesuffix('.py')}.{ARCHITECTURE}"}
 
 # Fields of the target's (text) config the drafter must share: the embedding and lm_head are the target's,
 # so the hidden size and vocabulary must match; the rest keeps the drafter a Qwen3 that servers can build.
@@ -126,6 +126,20 @@ def lineage_of(config: Any) -> dict[str, Any]:
     return lineage
 
 
+def checkpoint_config(config: Qwen3Config, dtype: torch.dtype) -> dict[str, Any]:
+    """``config.json`` as every reader needs it: transformers 5 reads ``rope_parameters`` and ``dtype``; 4.5x
+    (z-lab pins 4.57.1) reads top-level ``rope_theta`` / ``rope_scaling`` and ``torch_dtype``, and without them
+    silently takes rope_theta 10000; ``auto_map`` points ``AutoModel`` (trust_remote_code) at the modeling file."""
+    out = {k: v for k, v in config.to_dict().items() if k not in _GENERIC_CONFIG_KEYS}
+    out["dtype"] = out["torch_dtype"] = str(dtype).removeprefix("torch.")
+    rope = dict(out.get("rope_parameters") or {})
+    out["rope_theta"] = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    out["rope_scaling"] = scaling if scaling.get("rope_type", "default") != "default" else None
+    out["auto_map"] = dict(AUTO_MAP)
+    return out
+
+
 @dataclass
 class SharedTarget:
     """The target's frozen embedding and lm_head, borrowed by the drafter.
@@ -176,65 +190,7 @@ class DraftCache:
         return k, v
 
 
-class DFlashAttention(nn.Module):
-    """Block queries attend to [context features | block], without a causal mask inside the block."""
-
-    def __init__(self, config: Qwen3Config):
-        super().__init__()
-        self.head_dim = config.head_dim
-        self.n_rep = config.num_attention_heads // config.num_key_value_heads
-        bias = getattr(config, "attention_bias", False)
-        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(*x.shape[:2], -1, self.head_dim)
-
-    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotated, normalised keys and values ``[b, kv_heads, n, head_dim]`` of ``x`` at the given positions."""
-        k = self.k_norm(self._heads(self.k_proj(x))).transpose(1, 2)
-        v = self._heads(self.v_proj(x)).transpose(1, 2)
-        k, _ = apply_rotary_pos_emb(k, k, cos, sin)
-        return k, v
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        ctx_k: torch.Tensor,
-        ctx_v: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        q = self.q_norm(self._heads(self.q_proj(x))).transpose(1, 2)
-        q, _ = apply_rotary_pos_emb(q, q, cos, sin)
-        k, v = self.keys_values(x, cos, sin)
-        k = repeat_kv(torch.cat([ctx_k, k], dim=2), self.n_rep)
-        v = repeat_kv(torch.cat([ctx_v, v], dim=2), self.n_rep)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
-
-
-class DFlashLayer(nn.Module):
-    """A Qwen3 decoder layer whose attention also reads the injected context keys and values."""
-
-    def __init__(self, config: Qwen3Config):
-        super().__init__()
-        self.self_attn = DFlashAttention(config)
-        self.mlp = Qwen3MLP(config)
-        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(self, h, ctx_k, ctx_v, cos, sin, mask) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), ctx_k, ctx_v, cos, sin, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(DFlashModules):
     """The drafter. Trainable parameters only; the target's embedding and lm_head are bound with :meth:`bind`.
 
     Two entry points:
@@ -247,15 +203,7 @@ class DFlashDrafter(nn.Module):
     def __init__(self, config: Qwen3Config):
         super().__init__()
         self.config = config
-        dflash = config.dflash_config
-        self.block_size = int(config.block_size)
-        self.mask_token_id = int(dflash["mask_token_id"])
-        self.target_layer_ids = [int(i) for i in dflash["target_layer_ids"]]
-        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
-        self.fc = nn.Linear(len(self.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
-        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.build(config)
         self.shared: SharedTarget | None = None
         self.apply(self._init_weights)
 
@@ -287,10 +235,6 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._require_shared().lm_head(hidden)
-
-    def project(self, features: torch.Tensor) -> torch.Tensor:
-        """Target features ``[b, n, len(layer_ids) * hidden]`` -> context ``[b, n, hidden]`` (fc + RMSNorm)."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
 
     def forward(
         self,
@@ -343,15 +287,17 @@ class DFlashDrafter(nn.Module):
 
     # -- the z-lab checkpoint layout ------------------------------------------------------------------
 
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write ``config.json`` + ``model.safetensors`` (drafter weights only), atomically as one folder."""
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (drafter weights only, in ``dtype``: the target's) and the
+        modeling file, atomically as one folder."""
+        dtype = dtype or self.fc.weight.dtype
         with atomic_path(path) as tmp:
             tmp.mkdir(parents=True)
-            config = {k: v for k, v in self.config.to_dict().items() if k not in _GENERIC_CONFIG_KEYS}
-            config["dtype"] = str(self.fc.weight.dtype).removeprefix("torch.")
+            config = checkpoint_config(self.config, dtype)
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+            tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: nn.Module | None = None) -> "DFlashDrafter":
@@ -360,7 +306,8 @@ class DFlashDrafter(nn.Module):
         raw = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
         if ARCHITECTURE not in raw.get("architectures", []):
             raise ValueError(f"{path / CONFIG_FILE} is not a {ARCHITECTURE} config: {raw.get('architectures')}")
-        raw.pop("dtype", None)
+        for key in ("dtype", "torch_dtype", "auto_map"):
+            raw.pop(key, None)
         model = cls(Qwen3Config(**raw))
         state = load_file(str(path / WEIGHTS_FILE))
         model.load_state_dict({k: v.to(model.fc.weight.dtype) for k, v in state.items()}, strict=True)

@@ -10,6 +10,7 @@ and serving read them from the drafter instead of from params.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -313,6 +314,16 @@ def _history_row(step: int, steps_per_epoch: int, lr: float, grad_norm: float, w
     }
 
 
+def checkpoint_dtype(info: TargetInfo) -> torch.dtype:
+    """The dtype the target's checkpoint stores its weights in (config.json ``dtype``, or 4.5x's ``torch_dtype``)."""
+    config = json.loads((Path(info.path) / "config.json").read_text(encoding="utf-8"))
+    name = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype")
+    dtype = getattr(torch, str(name), None) if name else torch.float32
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"{info.path}/config.json names dtype {name!r}, which is not a torch float dtype")
+    return dtype
+
+
 def finish(run: Run, progress: Progress, check: Preflight, paths: Paths) -> dict[str, Any]:
     """The metrics; on rank 0 also the checkpoint, the loss curve and metrics/train.json."""
     cfg, plan, history = run.cfg, run.plan, progress.history
@@ -335,7 +346,9 @@ def finish(run: Run, progress: Progress, check: Preflight, paths: Paths) -> dict
         "preflight": check.as_dict(),
     }
     if run.d.main:
-        run.drafter.save_pretrained(paths.checkpoint)
+        # Saved in the target's dtype (fp32 master weights stay in the resumable states): servers and z-lab's
+        # loader run a drafter beside a bf16 target in bf16, and SGLang's --dtype auto reads it from config.json.
+        run.drafter.save_pretrained(paths.checkpoint, dtype=checkpoint_dtype(run.info))
         write_csv(paths.plot, history, columns=list(history[0]))
         write_json(paths.metrics, metrics)
         log.info("trained %d steps in %.1fs; final loss %.4f", run.steps_total, progress.seconds, metrics["final_loss"])
