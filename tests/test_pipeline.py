@@ -29,7 +29,7 @@ SHRINK = {
     "train": {"max_steps": 40, "save_every": 20, "target_layers": [1, 2]},
     "evaluate": {"max_prompts_per_source": 1, "max_new_tokens": 24},
 }
-ALL_STAGES = {"target", "prompts", "generate", "tokenize", "merge", "train", "evaluate"}
+ALL_STAGES = {"target", "prompts", "generate", "tokenize", "merge", "export", "train", "evaluate"}
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -45,7 +45,7 @@ def _project_files() -> list[str]:
         cwd=REPO, text=True, capture_output=True, check=True,
     ).stdout.split("\n")
     skip = ("data/raw/", "data/conversations/", "data/target/", "data/prompts/", "data/completions/",
-            "data/tokenized/", "data/merged/", "data/checkpoints/", "metrics/", "plots/", "dvc.lock")
+            "data/tokenized/", "data/merged/", "data/export/", "data/checkpoints/", "metrics/", "plots/", "dvc.lock")
     return [f for f in out if f and not f.startswith(skip) and (REPO / f).is_file()]
 
 
@@ -178,7 +178,7 @@ def test_rollback_restores_the_previous_dataset_and_remote_restores_a_lost_cache
     params["merge"]["seed"] = 1
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     log = _run(["dvc", "repro"], root, env)
-    assert _ran(log) == {"merge", "train", "evaluate"}
+    assert _ran(log) == {"merge", "export", "train", "evaluate"}
     assert _digest(root / "data/merged") != first
     _run(["git", "commit", "-qam", "second data version"], root, env)
     second = _digest(root / "data/merged")

@@ -17,6 +17,7 @@ from draftline.conversations.stage import ConversationsParams
 from draftline.core.params import Params, ParamsError, load_value
 from draftline.core.source_spec import SourceSpec
 from draftline.evaluate.stage import EvalParams
+from draftline.export.stage import ExportParams
 from draftline.generate.params import GenerateParams
 from draftline.merge.stage import MergeParams
 from draftline.prompts.blend import BlendParams
@@ -30,7 +31,7 @@ PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 SECTIONS: dict[str, type[Params]] = {
     "conversations": ConversationsParams, "target": TargetParams, "prompts": PromptsParams, "dedup": DedupParams,
     "blend": BlendParams, "generate": GenerateParams, "tokenize": TokenizeParams, "merge": MergeParams,
-    "train": TrainParams, "evaluate": EvalParams,
+    "export": ExportParams, "train": TrainParams, "evaluate": EvalParams,
 }
 # Nested mappings of keys, each checked like a section (a path into params.yaml).
 NESTED = [("target", "embedded"), ("dedup", "near"), ("generate", "local"), ("blend", "sources", "agent")]

@@ -1,16 +1,18 @@
 """A replay of how SGLang and vLLM map a DFlash checkpoint's tensors onto their fused serving layers, written from
 their source (they need a GPU, so their loaders cannot run here):
 
-- SGLang 0.5.x ``python/sglang/srt/models/dflash.py``: ``DFlashDraftModel.load_weights`` stacks ``q_proj`` /
+- SGLang ``python/sglang/srt/models/dflash.py`` (read at commit 003b23d7): ``DFlashDraftModel.load_weights`` stacks ``q_proj`` /
   ``k_proj`` / ``v_proj`` into ``qkv_proj`` (shards q, k, v) and ``gate_proj`` / ``up_proj`` into ``gate_up_proj``
   (shards 0, 1), strips or adds a ``model.`` prefix, checks ``fc.weight``'s shape against the number of context
   features, and silently skips any tensor it cannot place (so a misnamed tensor would serve random weights);
-- vLLM ``vllm/model_executor/models/qwen3_dflash.py``: ``DFlashQwen3Model.hf_to_vllm_mapper`` maps the same suffixes
+- vLLM ``vllm/model_executor/models/qwen3_dflash.py`` (read at commit 036a00d1): ``DFlashQwen3Model.hf_to_vllm_mapper``
+  maps the same suffixes
   (``orig_to_new_stacked``) and renames ``midlayer.`` / ``encoder.fc.`` / ``encoder.output_norm_enc.``;
   ``_dflash_layer_causal`` makes a layer causal only when ``is_causal``, ``dflash_config.causal`` or a sliding
   ``layer_types`` entry says so.
 
-The replay asserts what those loaders leave unchecked: every tensor lands in a parameter, every fused parameter is
+Cited by symbol: the stored copies could not be checked out here to pin line numbers. The replay asserts what
+those loaders leave unchecked: every tensor lands in a parameter, every fused parameter is
 filled by all its shards at the shapes their layers allocate, and the drafter's layers are non-causal.
 """
 

@@ -58,6 +58,10 @@ SCHEMA: pa.Schema = FEATURES.arrow_schema
 
 META_FILE = "draftline.json"
 ORDER_FILE = "order.npy"
+# Other trainers' layouts, written by the export stage and read back by merge as a base: the lineage file beside
+# each (the tokenizer fingerprint, thinking mode, ... the rows were made with), and the label losses ignore.
+EXPORT_FILE = "export.json"
+IGNORE_INDEX = -100
 MAX_SHARD_BYTES = 500 * 1000 * 1000
 # Rows per Arrow record batch inside a shard: fixed, so the bytes never depend on how the input was chunked.
 BATCH_ROWS = 1024
@@ -276,21 +280,25 @@ class ShardWriter:
         return self._written
 
 
-def write_folder_index(folder: str | os.PathLike, filenames: list[str], fingerprint: str | None = None) -> None:
+def write_folder_index(
+    folder: str | os.PathLike, filenames: list[str], fingerprint: str | None = None,
+    features: datasets.Features = FEATURES, format_type: str | None = None,
+) -> None:
     """Write ``state.json`` and ``dataset_info.json`` so ``datasets.load_from_disk`` reads these shards, in order.
 
     ``fingerprint`` replaces :func:`folder_fingerprint` (a merge derives one from its base's, so as not to read
-    the carried shards again)."""
+    the carried shards again); ``features`` and ``format_type`` (e.g. ``torch``) describe folders of another layout
+    (the export stage's)."""
     state = {
         "_data_files": [{"filename": f} for f in filenames],
         "_fingerprint": fingerprint or folder_fingerprint(folder, filenames),
         "_format_columns": None,
         "_format_kwargs": {},
-        "_format_type": None,
+        "_format_type": format_type,
         "_output_all_columns": False,
         "_split": None,
     }
-    info = {"citation": "", "description": "", "features": FEATURES.to_dict(), "homepage": "", "license": ""}
+    info = {"citation": "", "description": "", "features": features.to_dict(), "homepage": "", "license": ""}
     write_json(Path(folder) / "state.json", state)
     write_json(Path(folder) / "dataset_info.json", info)
 

@@ -173,6 +173,7 @@ def check_tokenizer_claim(
     base_tokenizer_fingerprint: str | None,
     assume_same_tokenizer: bool,
     where: str,
+    claimed_by: str = "base_tokenizer",
 ) -> str:
     """Decide whether the base may claim the new data's tokenizer; return how the claim was made.
 
@@ -189,11 +190,11 @@ def check_tokenizer_claim(
     if base_tokenizer_fingerprint is not None:
         if base_tokenizer_fingerprint != new_meta.tokenizer_fingerprint:
             raise MergeGuardError(
-                f"the base {where} was made with merge.base_tokenizer (fingerprint {base_tokenizer_fingerprint[:12]}), "
+                f"the base {where} was made, says {claimed_by}, with a tokenizer of fingerprint {base_tokenizer_fingerprint[:12]}, "
                 f"the new data with another tokenizer ({new_meta.tokenizer_fingerprint[:12]}): their ids do not mean "
                 "the same tokens; re-tokenize the base with the target"
             )
-        return "base_tokenizer"
+        return claimed_by
     if assume_same_tokenizer:
         return "assumed"
     raise MergeGuardError(

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from draftline.core import dataset as fmt
 from draftline.core.stats import Sources, mix_stats
+from draftline.merge.foreign import export_claim, foreign_format, read_foreign
 from draftline.merge.guards import PROMPT_KEY_PREFIX, CastPlan, MergeGuardError, check_values, plan_casts, prompt_keys
 
 # Length percentiles reported besides the median (tokenize reports p90 only).
@@ -36,6 +37,9 @@ class Part:
     tables: list[pa.Table]
     plan: CastPlan
     fingerprint: str  # state.json's: identifies the shards' bytes without reading them
+    # Another trainer's format (merge.foreign), and the tokenizer fingerprint its draftline export.json claims.
+    foreign: str | None = None
+    claimed_fingerprint: str | None = None
 
     @property
     def num_rows(self) -> int:
@@ -45,10 +49,19 @@ class Part:
 def open_part(
     folder: str | os.PathLike, where: str, legacy_ok: bool, drop_columns: list[str], vocab_size: int | None
 ) -> Part:
-    """Open a ``save_to_disk`` folder without reading it (Arrow memory maps) and check its columns and values."""
+    """Open a ``save_to_disk`` folder without reading it (Arrow memory maps) and check its columns and values; a
+    base in another trainer's format (:mod:`draftline.merge.foreign`) is read as a legacy base."""
     folder = Path(folder)
     if (folder / "dataset_dict.json").is_file():
         raise MergeGuardError(f"{where} is a DatasetDict: point at one of its splits (e.g. {folder / 'train'})")
+    claim = export_claim(folder) if legacy_ok and folder.is_dir() else None
+    kind = foreign_format(folder, claim) if legacy_ok and folder.is_dir() else None
+    if kind is not None:
+        tables = read_foreign(folder, kind, where)
+        plan = plan_casts(tables[0].schema, where, True, drop_columns)
+        for t in tables:
+            check_values(t, plan, where, vocab_size)
+        return Part(folder, where, None, [], tables, plan, "", kind, claim["tokenizer_fingerprint"] if claim else None)
     if not (folder / "state.json").is_file():
         raise FileNotFoundError(f"{where} has no state.json: not a datasets save_to_disk folder")
     meta = fmt.read_meta(folder) if (folder / fmt.META_FILE).is_file() else None

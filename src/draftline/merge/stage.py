@@ -61,7 +61,10 @@ class MergeParams(Params):
 
 
 def _check_claim(params: MergeParams, base: Part, new_meta: fmt.DatasetMeta) -> str:
-    """The base's tokenizer claim (see :func:`draftline.merge.guards.check_tokenizer_claim`); returns how it was made."""
+    """The base's tokenizer claim (see :func:`draftline.merge.guards.check_tokenizer_claim`); returns how it was made:
+    its draftline.json, the export.json of a base in another trainer's format, merge.base_tokenizer, or assumed."""
+    if base.meta is None and base.claimed_fingerprint is not None:
+        return check_tokenizer_claim(None, new_meta, base.claimed_fingerprint, False, base.where, "export.json")
     claimed_fp = None
     if base.meta is None and params.base_tokenizer:
         from transformers import AutoTokenizer
@@ -209,7 +212,7 @@ def merge_metrics(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts
             "kept": kept.num_rows,
         },
         "guards": {
-            "base_kind": "none" if b is None else ("draftline" if b.meta else "legacy"),
+            "base_kind": "none" if b is None else ("draftline" if b.meta else b.foreign or "legacy"),
             **({"tokenizer_claim": base.claim, "reencode": reencoded} if base is not None else {}),
             "casts": b.plan.casts if b else {},
             "derived_columns": b.plan.derived if b else [],
