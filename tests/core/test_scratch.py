@@ -45,3 +45,23 @@ def test_training_states_follow_draftline_cache(tmp_path, monkeypatch):
     train(S.train_params(max_steps=3, save_every=3), paths)
     states = list((tmp_path / "cache" / "train").glob("*/state-00000003.pt"))
     assert len(states) == 1 and (states[0].parent / "key.json").is_file()
+
+
+def test_code_digest_follows_the_source_alone(tmp_path, monkeypatch):
+    """Part of the train and local-generation scratch keys: an edit to the code is never resumed past."""
+    import sys
+
+    from draftline.core.fingerprint import code_digest
+
+    pkg = tmp_path / "pkg_for_digest"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = code_digest("pkg_for_digest")
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"bytecode")  # never counts
+    assert code_digest("pkg_for_digest") == first
+    (pkg / "mod.py").write_text("X = 2\n")
+    assert code_digest("pkg_for_digest") != first
+    sys.modules.pop("pkg_for_digest", None)

@@ -117,14 +117,32 @@ def folder_fingerprint(folder: str | os.PathLike, filenames: list[str]) -> str:
     return h.hexdigest()
 
 
-def folder_digest(path: str | os.PathLike) -> str:
-    """xxh3-128 over every file's relative name and bytes, in sorted order (HF cache files excluded)."""
+def folder_digest(path: str | os.PathLike, suffixes: tuple[str, ...] | None = None) -> str:
+    """xxh3-128 over every file's relative name and bytes, in sorted order (HF cache files and bytecode excluded);
+    ``suffixes`` keeps only files ending so."""
     h = xxhash.xxh3_128()
     root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("cache-"))
+    files = sorted(
+        p for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith("cache-") and "__pycache__" not in p.parts
+        and (suffixes is None or p.name.endswith(suffixes))
+    )
     for p in files:
         h.update(str(p.relative_to(root)).encode() + b"\0")
         with open(p, "rb") as f:
             while chunk := f.read(1 << 24):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def code_digest(*packages: str) -> str:
+    """xxh3-128 over the source of the named packages (``draftline.train``, ...): part of a scratch key, so that
+    progress made by other code is never resumed (DVC reruns a stage whose code changed; its scratch must not then
+    hand back the old result)."""
+    import importlib
+
+    parts = []
+    for name in packages:
+        (folder,) = importlib.import_module(name).__path__
+        parts.append(f"{name}={folder_digest(folder, ('.py', '.jinja'))}")
+    return xxhash.xxh3_128_hexdigest("\n".join(parts).encode())

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from draftline.core.chat import template_kwargs
 from draftline.core.files import write_json
+from draftline.core.fingerprint import code_digest
 from draftline.core.logs import get_logger
 from draftline.core.records import PromptRecord, TargetInfo, dumps, read_prompts
 from draftline.core.scratch import scratch_dir
@@ -233,8 +234,10 @@ def dispatch(ordered: list[PromptRecord], pending: list[PromptRecord], entries: 
 
 
 def journal_decides(s: GenerateParams, info: TargetInfo) -> dict[str, Any]:
-    """What decides a result: the target, the sampling, the thinking mode, the backend (and the local settings, with
-    ``device: auto`` resolved: the device decides float results, so the key names the one actually used)."""
+    """What decides a result: the target, the sampling, the thinking mode, the backend, and for the local backend its
+    settings (``device: auto`` resolved: the device decides float results, so the key names the one actually used)
+    and draftline's generation code, which then computes the replies. A server's replies do not depend on our code,
+    so an edit here never throws away hours of journaled SGLang results."""
     decides: dict[str, Any] = {
         "target": {"tokenizer_fingerprint": info.tokenizer_fingerprint,
                    "model_fingerprint": info.model_fingerprint or f"path:{info.path}"},
@@ -247,6 +250,7 @@ def journal_decides(s: GenerateParams, info: TargetInfo) -> dict[str, Any]:
 
             local["device"] = "cuda" if torch.cuda.is_available() else "cpu"
         decides["local"] = local
+        decides["code"] = code_digest("draftline.core", "draftline.generate")
     return decides
 
 

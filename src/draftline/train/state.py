@@ -2,7 +2,7 @@
 
 DVC deletes a stage's outputs before running it, so progress lives outside them, in
 ``<cache>/train/<key>/``. The key (:func:`state_key`) covers the training params that change the weights, the
-merged data's bytes and the target's description: a run with other inputs never resumes from these states, and
+merged data's bytes, the target's description and the training code (core, drafter, train): a run with other inputs never resumes from these states, and
 the same run always finds them, in a queued ``dvc exp run`` too. Only the newest state is kept; a state is
 written under a temporary name and renamed, so a half-written one is never taken for finished.
 
@@ -23,12 +23,15 @@ from draftline.core.files import atomic_path
 _STATE = re.compile(r"^state-(\d{8})\.pt$")
 
 
-def state_key(params: dict[str, Any], not_in_key: tuple[str, ...], data_digest: str, target: dict[str, Any]) -> dict:
-    """What decides the weights of a run: the scratch folder is named by its hash."""
+def state_key(params: dict[str, Any], not_in_key: tuple[str, ...], data_digest: str, target: dict[str, Any],
+              code: str) -> dict:
+    """What decides the weights of a run (params, data, target, the training code): the scratch folder is named by
+    its hash."""
     return {
         "params": {k: v for k, v in sorted(params.items()) if k not in not_in_key},
         "data": data_digest,
         "target": target,
+        "code": code,
     }
 
 

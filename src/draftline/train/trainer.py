@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from draftline.core.dataset import DatasetMeta, load_training_set
 from draftline.core.files import write_csv, write_json
-from draftline.core.fingerprint import folder_digest
+from draftline.core.fingerprint import code_digest, folder_digest
 from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo
 from draftline.core.scratch import scratch_dir
@@ -126,8 +126,9 @@ def train(cfg: TrainParams, paths: Paths = Paths()) -> dict[str, Any]:
         run = prepare(cfg, paths, d)
         build(run)
         check = check_memory(run)
-        folder = scratch_dir("train", state_key(asdict(cfg), NOT_IN_KEY, folder_digest(paths.merged),
-                                                run.info.to_dict()), paths.cache_root)
+        key = state_key(asdict(cfg), NOT_IN_KEY, folder_digest(paths.merged), run.info.to_dict(),
+                        code_digest("draftline.core", "draftline.drafter", "draftline.train"))
+        folder = scratch_dir("train", key, paths.cache_root)
         progress = resume(run, folder)
         fit(run, progress, folder)
         return finish(run, progress, check, paths)
