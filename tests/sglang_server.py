@@ -18,6 +18,7 @@ Faults on demand, per prompt id (the part of ``X-Request-Id`` before the first "
 of actions taken by its successive requests: "400", "429", "500", "503" (error bodies as above), "drop"
 (connection closed with no answer), "cut" (the body stops half-way), "ok". ``truncate`` holds ids answered
 with ``finish_reason: "length"``. ``delay_s`` delays every answer. Every request is logged in ``requests``.
+``api_key`` makes it answer as ``--api-key`` does: 401 ``{"error": "Unauthorized"}`` without ``Bearer <key>``.
 
 Run as a script (``python tests/sglang_server.py --port 30000``) it serves until killed.
 """
@@ -61,8 +62,10 @@ def reply_for(body: dict[str, Any]) -> tuple[str, str]:
 
 class FakeSGLang:
     def __init__(self, model: str = "default", delay_s: float = 0.0, reasoning_parser: bool = True,
-                 faults: dict[str, list[str]] | None = None, truncate: set[str] | frozenset = frozenset()):
+                 faults: dict[str, list[str]] | None = None, truncate: set[str] | frozenset = frozenset(),
+                 api_key: str | None = None):
         self.model = model
+        self.api_key = api_key
         self.delay_s = delay_s
         self.reasoning_parser = reasoning_parser
         self.faults = {k: list(v) for k, v in (faults or {}).items()}
@@ -94,6 +97,9 @@ class FakeSGLang:
         return web.Response(body=compact(data), content_type="application/json")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            # SGLang's --api-key middleware (srt/utils add_api_key_middleware): 401 {"error": "Unauthorized"}.
+            return web.Response(status=401, body=compact({"error": "Unauthorized"}), content_type="application/json")
         rid = request.headers.get("X-Request-Id", "")
         pid = rid.split(".", 1)[0]
         queue = self.faults.get(pid)

@@ -16,6 +16,7 @@ from sglang_server import FakeSGLang, reply_for
 
 from draftline.core.params import ParamsError
 from draftline.generate.journal import Journal
+from draftline.generate.openai_client import AuthError
 from draftline.generate.stage import request_body
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,3 +218,26 @@ def test_journal_key_follows_what_decides_a_result(tmp_path):
 def test_unknown_param_is_an_error():
     with pytest.raises(ParamsError, match="max_token"):
         gen_params({"max_token": 5})
+
+
+def test_servers_behind_an_api_key(tmp_path, monkeypatch, caplog):
+    """generate.api_key_env names the variable holding the key; the key goes out as a bearer token only, never into
+    logs, metrics, the journal or its key; a refused key stops the stage at once; an unset variable before any work."""
+    prompts = make_prompts(4)
+    with FakeSGLang(api_key="s3cret-token") as srv:
+        p = params(srv.url, api_key_env="DRAFTLINE_TEST_API_KEY")
+        make_project(tmp_path, prompts, p)
+        with pytest.raises(ParamsError, match=r"\$DRAFTLINE_TEST_API_KEY, which is unset"):
+            run_in(tmp_path, p)
+        assert not srv.requests
+        monkeypatch.setenv("DRAFTLINE_TEST_API_KEY", "wrong-token")
+        with pytest.raises(AuthError, match=r"answered 401 \(Unauthorized\).*generate.api_key_env") as e:
+            run_in(tmp_path, p)
+        assert "wrong-token" not in str(e.value) and len(srv.requests) == 0  # refused before its handler, not retried
+        monkeypatch.setenv("DRAFTLINE_TEST_API_KEY", "s3cret-token")
+        with caplog.at_level("DEBUG"):
+            m = run_in(tmp_path, p)
+    assert m["completions"] == 4
+    written = [f for f in tmp_path.rglob("*") if f.is_file()]
+    assert not [f for f in written if b"s3cret-token" in f.read_bytes()]
+    assert "s3cret-token" not in caplog.text

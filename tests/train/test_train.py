@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from draftline.train.memory import MemoryPlanError, Shapes, preflight
-from draftline.train.trainer import train
+from draftline.train.trainer import NonFiniteError, train
 
 DRIVER = Path(__file__).resolve().parents[1] / "drafter_support.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -157,3 +158,42 @@ def test_two_process_gloo_ddp(tmp_path, workdir):
     assert metrics["steps"] == single["steps"] // 2
     assert metrics["train_tokens"] >= 0.9 * single["train_tokens"]
     assert (root / "data" / "checkpoints" / "model.safetensors").exists()
+
+
+def _nan_world(tmp_path: Path) -> Path:
+    """A target whose embedding row of token 250 is NaN, and a training set in which row r5 alone holds that token
+    (in its prompt): every batch with r5 has a NaN loss, the others train normally."""
+    from safetensors.torch import load_file, save_file
+
+    S.make_target(tmp_path)
+    weights = tmp_path / "target-model" / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.embed_tokens.weight"][250] = float("nan")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    rows = S.make_rows(96)
+    rows["input_ids"][5][0] = 250
+    S.make_merged(tmp_path, rows)
+    return tmp_path
+
+
+def test_a_nonfinite_loss_stops_training_naming_the_step_and_rows_after_saving_the_last_good_state(tmp_path):
+    root = _nan_world(tmp_path)
+    with pytest.raises(NonFiniteError, match=r"step (\d+): loss nan .*'r5'") as e:
+        train(S.train_params(epochs=1, save_every=1000), S.paths(root))
+    step = int(re.search(r"step (\d+):", str(e.value)).group(1))
+    states = list((root / ".draftline" / "cache" / "train").glob("*/state-*.pt"))
+    assert [int(p.stem.split("-")[1]) for p in states] == [step - 1]  # the weights before the bad step
+    state = torch.load(states[0], weights_only=False)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert not (root / "data" / "checkpoints").exists()
+
+
+def test_skip_nonfinite_skips_and_counts_such_batches(tmp_path):
+    root = _nan_world(tmp_path)
+    metrics = train(S.train_params(epochs=1, skip_nonfinite=2), S.paths(root))
+    assert metrics["nonfinite_batches_skipped"] == 1  # r5 is in one batch an epoch
+    assert math.isfinite(metrics["final_loss"])
+    from safetensors.torch import load_file
+
+    weights = load_file(str(root / "data" / "checkpoints" / "model.safetensors"))
+    assert all(torch.isfinite(v).all() for v in weights.values())

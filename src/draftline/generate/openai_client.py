@@ -38,6 +38,12 @@ class RequestFailed(Exception):
         self.retry_after = retry_after
 
 
+class AuthError(Exception):
+    """The server refused our credentials (401/403): no request can succeed, so the stage stops at once.
+
+    The message names the endpoint and the setting to fix, never the token."""
+
+
 @dataclass
 class Endpoint:
     url: str
@@ -81,6 +87,7 @@ class ChatClient:
         backoff_s: float = 1.0,
         backoff_max_s: float = 60.0,
         seed: int = 0,
+        api_key: str | None = None,
     ):
         if not endpoints:
             raise ValueError("generate.endpoints is empty: list at least one server URL, e.g. http://127.0.0.1:30000")
@@ -94,6 +101,8 @@ class ChatClient:
         self._cond = asyncio.Condition()
         self._session: aiohttp.ClientSession | None = None
         self.retried = 0
+        # Sent as SGLang's and vLLM's --api-key expect it; kept out of every log line and error message.
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def __aenter__(self) -> "ChatClient":
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.concurrency)
@@ -162,7 +171,7 @@ class ChatClient:
         assert self._session is not None, "use ChatClient as an async context manager"
         try:
             async with self._session.post(
-                ep.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+                ep.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id, **self._headers}
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -171,6 +180,11 @@ class ChatClient:
             raise RequestFailed("timeout", f"{ep.url}: no answer within {self.timeout.total}s", True) from e
         except aiohttp.ClientError as e:
             raise RequestFailed("connection", f"{ep.url}: {type(e).__name__}: {e}", True) from e
+        if status in (401, 403):
+            raise AuthError(
+                f"{ep.url} answered {status} ({_error_message(raw)}): it wants an API key, or another one; set "
+                "generate.api_key_env to the name of an environment variable holding the server's --api-key"
+            )
         if status != 200:
             detail = _error_message(raw)
             retryable = status == 429 or status >= 500
@@ -186,12 +200,15 @@ class ChatClient:
 
 
 def _error_message(raw: bytes) -> str:
-    """The ``message`` of an OpenAI/SGLang error body (``{"object": "error", "message", ...}``), else the text."""
+    """The ``message`` of an OpenAI/SGLang error body (``{"object": "error", "message", ...}``), the text of an
+    ``{"error": "..."}`` (the --api-key middlewares'), else the raw text."""
     try:
         body = json.loads(raw)
         err = body.get("error", body) if isinstance(body, dict) else body
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])[:500]
+        if isinstance(err, str):
+            return err[:500]
     except ValueError:
         pass
     return raw[:500].decode("utf-8", errors="replace")

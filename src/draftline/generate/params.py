@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -54,8 +55,20 @@ class GenerateParams(Params):
     retries: int
     backoff_s: float
     backoff_max_s: float
+    # The name of an environment variable holding the servers' API key (never the key itself: params are in git).
+    api_key_env: str | None
     launch: LaunchParams | None
     local: LocalParams
+
+    def api_key(self) -> str | None:
+        """The bearer token from ``$<api_key_env>``; a named variable that is unset or empty is an error."""
+        if self.api_key_env is None:
+            return None
+        token = os.environ.get(self.api_key_env, "")
+        if not token:
+            raise ParamsError(f"generate.api_key_env names ${self.api_key_env}, which is unset or empty: export the "
+                              "servers' API key in it (or set generate.api_key_env: null)")
+        return token
 
     def validate(self, where: str) -> None:
         if self.max_tokens < 1 or self.shard_size < 1 or self.concurrency < 1 or self.retries < 0:

@@ -177,7 +177,7 @@ async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str
             await converse(p)
 
     async with ChatClient(endpoints, s.concurrency, s.timeout_s, s.retries, s.backoff_s,
-                          s.backoff_max_s, s.seed) as client:
+                          s.backoff_max_s, s.seed, api_key=s.api_key()) as client:
         try:
             n_workers = min(len(pending), s.concurrency * len(endpoints))
             await asyncio.gather(*(worker() for _ in range(n_workers)))
@@ -260,6 +260,8 @@ def run_generate(params: GenerateParams, prompts_path: str | Path = "data/prompt
     """Run the stage; returns the metrics it wrote."""
     t0 = time.monotonic()
     s = params
+    if s.backend == "sglang":
+        s.api_key()  # an unset key variable fails here, before any work
     skips = Skips(log, strict=strict)
     prompts = read_prompts(prompts_path, skips)
     info = load_target(target_dir)

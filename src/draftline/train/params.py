@@ -29,6 +29,7 @@ class TrainParams(Params):
     warmup_ratio: float
     weight_decay: float
     grad_clip: float
+    skip_nonfinite: int
     bf16: bool
     seed: int
     gpus: int

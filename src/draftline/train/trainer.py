@@ -95,15 +95,26 @@ class Run:
         return collate(self.dataset, rows, self.cfg.max_length, self.info.pad_token_id or 0).to(self.d.device)
 
 
+class NonFiniteError(FloatingPointError):
+    """A step whose loss or gradient is NaN or inf, past ``train.skip_nonfinite``: the message names the step and
+    the batch's rows, and the last good state is saved before it is raised."""
+
+
 @dataclass
 class Progress:
-    """Where a run stands: the step to do next, the history lines, the steps since the last one, tokens, time."""
+    """Where a run stands: the step to do next, the history lines, the steps since the last one, tokens, time,
+    and the batches skipped for a non-finite loss or gradient."""
 
     step: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     window: np.ndarray | None = None
     tokens: int = 0
     seconds: float = 0.0
+    nonfinite: int = 0
+
+    def state(self) -> dict[str, Any]:
+        return {"history": self.history, "window": self.window, "tokens": self.tokens, "seconds": self.seconds,
+                "nonfinite": self.nonfinite}
 
 
 def _setup_dist() -> Dist:
@@ -249,7 +260,8 @@ def resume(run: Run, folder: Path) -> Progress:
     run.drafter.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
-    progress = Progress(state["step"], state["history"], state["window"], state["tokens"], state["seconds"])
+    progress = Progress(state["step"], state["history"], state["window"], state["tokens"], state["seconds"],
+                        state.get("nonfinite", 0))
     if run.d.main:
         log.info("resuming from step %d of %d (%s)", progress.step, run.steps_total, folder)
     return progress
@@ -264,42 +276,70 @@ def fit(run: Run, progress: Progress, folder: Path) -> None:
     t0, tokens_at_t0, seconds_at_t0 = time.perf_counter() - progress.seconds, progress.tokens, progress.seconds
     for step in range(progress.step, run.steps_total):
         row, lr, grad_norm = train_step(run, model, step)
-        progress.tokens += int(row[1])
-        progress.window = np.vstack([progress.window, row.numpy()])
+        if not (math.isfinite(float(row[0])) and math.isfinite(grad_norm)):
+            skip_nonfinite(run, progress, folder, step, float(row[0]), grad_norm)
+        else:
+            progress.tokens += int(row[1])
+            progress.window = np.vstack([progress.window, row.numpy()])
         if d.main:
             rate = (progress.tokens - tokens_at_t0) / max(time.perf_counter() - t0 - seconds_at_t0, 1e-9)
             bar.set_postfix(loss=f"{row[0]:.3f}", tok_s=f"{rate:.0f}")
             bar.update(1)
         progress.step = done = step + 1
         progress.seconds = time.perf_counter() - t0
-        if done % cfg.log_every == 0 or done == run.steps_total:
+        if (done % cfg.log_every == 0 or done == run.steps_total) and len(progress.window):
             progress.history.append(_history_row(done, run.plan.steps_per_epoch, lr, grad_norm, progress.window, B))
             progress.window = np.zeros((0, 2 * B + 2))
         if d.main and (done % cfg.save_every == 0 or done == run.steps_total):
-            save_state(folder, done, {
-                "model": run.drafter.state_dict(), "optimizer": run.optimizer.state_dict(),
-                "scheduler": run.scheduler.state_dict(), "history": progress.history, "window": progress.window,
-                "tokens": progress.tokens, "seconds": progress.seconds,
-            })
+            save(run, folder, done, progress)
     bar.close()
+
+
+def save(run: Run, folder: Path, step: int, progress: Progress) -> None:
+    save_state(folder, step, {"model": run.drafter.state_dict(), "optimizer": run.optimizer.state_dict(),
+                              "scheduler": run.scheduler.state_dict(), **progress.state()})
 
 
 def train_step(run: Run, model: torch.nn.Module, step: int) -> tuple[torch.Tensor, float, float]:
     """One optimiser step; returns ``[loss, tokens, correct per position, counted per position]`` (summed over
-    ranks, loss averaged), the learning rate used and the gradient norm before clipping."""
+    ranks, loss averaged), the learning rate used and the gradient norm before clipping. A non-finite loss or
+    gradient norm (on any rank: the sums carry it) leaves the weights as they were: no optimiser step is taken."""
     batch = run.batch(run.plan.batch_rows(step, run.d.rank))
     stats = run.loss(model, batch, step_generator(run.cfg.seed, step, run.d.rank))
     run.optimizer.zero_grad(set_to_none=True)
     stats.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), run.cfg.grad_clip)
     lr = run.scheduler.get_last_lr()[0]
-    run.optimizer.step()
-    run.scheduler.step()
-    row = torch.cat([torch.tensor([stats.loss.item(), float(batch.num_tokens)]), stats.correct.cpu(), stats.counted.cpu()])
+    row = torch.cat([torch.tensor([stats.loss.item(), float(batch.num_tokens), float(grad_norm)]),
+                     stats.correct.cpu(), stats.counted.cpu()])
     if run.d.world > 1:
         dist.all_reduce(row)
         row[0] /= run.d.world
-    return row, lr, float(grad_norm)
+        row[2] /= run.d.world
+    if math.isfinite(float(row[0])) and math.isfinite(float(row[2])):
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    grad_norm = float(row[2])
+    return torch.cat([row[:2], row[3:]]), lr, grad_norm
+
+
+def skip_nonfinite(run: Run, progress: Progress, folder: Path, step: int, loss: float, grad_norm: float) -> None:
+    """Count a batch whose loss or gradient is not finite; past ``train.skip_nonfinite`` save the last good state
+    (the weights before this step) and raise :class:`NonFiniteError` naming the step and the batch's rows."""
+    progress.nonfinite += 1
+    rows = [int(r) for r in run.plan.batch_rows(step, run.d.rank)]
+    ids = run.dataset.select_columns(["id"])[rows]["id"]
+    log.warning("step %d: loss %s, grad norm %s on rows %s (ids %s)", step + 1, loss, grad_norm, rows[:8], ids[:8])
+    if progress.nonfinite <= run.cfg.skip_nonfinite:
+        return
+    if run.d.main:
+        save(run, folder, step, progress)
+    raise NonFiniteError(
+        f"step {step + 1}: loss {loss} / gradient norm {grad_norm} is not finite on the batch of rows {rows[:16]} "
+        f"(ids {ids[:16]}); the last good state (step {step}) is saved in {folder}. A NaN target (check its weights) "
+        f"or a row the target cannot encode; set train.skip_nonfinite to skip up to that many such batches"
+    )
 
 
 def _history_row(step: int, steps_per_epoch: int, lr: float, grad_norm: float, window: np.ndarray, B: int) -> dict:
@@ -339,6 +379,7 @@ def finish(run: Run, progress: Progress, check: Preflight, paths: Paths) -> dict
         "final_loss": round(float(np.mean([h["loss"] for h in tail])), 6),
         "final_accuracy_pos1": round(float(np.mean([h["accuracy_pos1"] for h in tail])), 6),
         "train_tokens": progress.tokens,
+        "nonfinite_batches_skipped": progress.nonfinite,
         "tokens_per_s": round(progress.tokens / max(progress.seconds, 1e-9), 1),
         "train_seconds": round(progress.seconds, 2),
         "drafter_params": sum(p.numel() for p in run.drafter.parameters()),
