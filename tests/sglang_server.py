@@ -16,7 +16,8 @@ It answers ``POST /v1/chat/completions`` with the bytes SGLang sends, as defined
 
 Faults on demand, per prompt id (the part of ``X-Request-Id`` before the first "."): ``faults[id]`` is a list
 of actions taken by its successive requests: "400", "429", "500", "503" (error bodies as above), "drop"
-(connection closed with no answer), "cut" (the body stops half-way), "ok". ``truncate`` holds ids answered
+(connection closed with no answer), "cut" (the body stops half-way), "notjson" (a 200 with an HTML page), "nochoices"
+(a 200 with an empty ``choices``), "othermodel" (a reply naming another model), "ok". ``truncate`` holds ids answered
 with ``finish_reason: "length"``. ``delay_s`` delays every answer. Every request is logged in ``requests``.
 ``api_key`` makes it answer as ``--api-key`` does: 401 ``{"error": "Unauthorized"}`` without ``Bearer <key>``.
 
@@ -116,13 +117,21 @@ class FakeSGLang:
         if action == "drop":
             request.transport.abort()
             raise asyncio.CancelledError
+        if action == "notjson":  # a proxy's error page with status 200
+            return web.Response(status=200, body=b"<html><body>502 Bad Gateway</body></html>", content_type="text/html")
+        if action == "nochoices":
+            return web.Response(body=compact({"id": uuid.uuid4().hex, "object": "chat.completion", "choices": []}),
+                                content_type="application/json")
         try:
             body = json.loads(await request.read())
             if not isinstance(body.get("messages"), list) or not body["messages"]:
                 raise ValueError("messages: Field required")
         except ValueError as e:
             return web.Response(status=400, body=error_body(400, str(e)), content_type="application/json")
-        payload = compact(self.response(body, truncated=pid in self.truncate))
+        answer = self.response(body, truncated=pid in self.truncate)
+        if action == "othermodel":
+            answer["model"] = "another-model"
+        payload = compact(answer)
         if action == "cut":
             resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
             resp.content_length = len(payload)

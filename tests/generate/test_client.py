@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 from sglang_server import FakeSGLang, reply_for
 
-from draftline.generate.openai_client import ChatClient, RequestFailed, parse_reply
+from draftline.generate.openai_client import ChatClient, RequestFailed, ServersDown, WrongModel, parse_reply
 
 BODY = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "temperature": 0.0,
         "chat_template_kwargs": {"enable_thinking": True}}
@@ -31,7 +32,7 @@ def test_reply_parsed_with_reasoning_apart():
     assert r.usage["completion_tokens"] == len(answer.split()) + len(reasoning.split()) + 1
 
 
-@pytest.mark.parametrize("fault", ["429", "500", "503", "drop", "cut"])
+@pytest.mark.parametrize("fault", ["429", "500", "503", "drop", "cut", "notjson", "nochoices"])
 def test_transient_faults_are_retried_until_success(fault):
     with FakeSGLang(faults={"p1": [fault, fault, "ok"]}) as srv:
         r, retried = chat([srv.url], retries=3)
@@ -99,3 +100,18 @@ def test_vllm_reply_shape_reads_the_same():
     r = parse_reply(vllm)
     assert r.message == {"role": "assistant", "content": "4", "reasoning_content": "2+2"}
     assert r.usage == {"prompt_tokens": 9, "completion_tokens": 3} and r.finish_reason == "stop"
+
+
+def test_a_reply_from_another_model_stops_everything():
+    with FakeSGLang(faults={"p1": ["othermodel"]}) as srv:
+        with pytest.raises(WrongModel, match="another-model"):
+            chat([srv.url], retries=3)
+        assert len(srv.requests) == 1
+
+
+def test_servers_that_stay_down_stop_the_stage_naming_the_endpoint():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(ServersDown, match=rf"{dead}.*no server answered any of 3 tries"):
+        chat([dead], retries=2)

@@ -16,7 +16,7 @@ from sglang_server import FakeSGLang, reply_for
 
 from draftline.core.params import ParamsError
 from draftline.generate.journal import Journal
-from draftline.generate.openai_client import AuthError
+from draftline.generate.openai_client import AuthError, ServersDown
 from draftline.generate.stage import request_body
 
 REPO = Path(__file__).resolve().parents[2]
@@ -241,3 +241,19 @@ def test_servers_behind_an_api_key(tmp_path, monkeypatch, caplog):
     written = [f for f in tmp_path.rglob("*") if f.is_file()]
     assert not [f for f in written if b"s3cret-token" in f.read_bytes()]
     assert "s3cret-token" not in caplog.text
+
+
+def test_servers_down_mid_run_stop_the_stage_and_keep_its_progress(tmp_path):
+    """The stage stops (it does not write a run of failures); what was journaled is not requested again."""
+    prompts = make_prompts(6)
+    with FakeSGLang() as srv:
+        p = params(srv.url, retries=1)
+        make_project(tmp_path, prompts[:4], p)
+        run_in(tmp_path, p)
+        url = srv.url
+    make_project(tmp_path, prompts, p)  # two new prompts, and the server is gone
+    with pytest.raises(ServersDown, match=url):
+        run_in(tmp_path, p)
+    with FakeSGLang() as srv:
+        m = run_in(tmp_path, {**p, "endpoints": [srv.url]})
+    assert m["completions"] == 6 and len(srv.requests) == 2

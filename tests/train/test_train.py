@@ -183,7 +183,7 @@ def test_a_nonfinite_loss_stops_training_naming_the_step_and_rows_after_saving_t
     step = int(re.search(r"step (\d+):", str(e.value)).group(1))
     states = list((root / ".draftline" / "cache" / "train").glob("*/state-*.pt"))
     assert [int(p.stem.split("-")[1]) for p in states] == [step - 1]  # the weights before the bad step
-    state = torch.load(states[0], weights_only=False)
+    state = torch.load(states[0], weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     assert not (root / "data" / "checkpoints").exists()
 
@@ -197,3 +197,36 @@ def test_skip_nonfinite_skips_and_counts_such_batches(tmp_path):
 
     weights = load_file(str(root / "data" / "checkpoints" / "model.safetensors"))
     assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def test_a_corrupted_state_is_skipped_and_the_one_before_it_resumes(tmp_path, workdir, caplog):
+    from draftline.train.state import load_latest, save_state
+
+    folder = tmp_path / "states"
+    for step in (10, 20, 30):
+        save_state(folder, step, {"model": {"w": torch.full((2,), float(step))}, "history": [{"step": step}]})
+    assert sorted(p.name for p in folder.iterdir()) == ["state-00000020.pt", "state-00000030.pt"]  # two kept
+    newest = folder / "state-00000030.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated, as by a full disk
+    state = load_latest(folder)
+    assert state["step"] == 20 and torch.equal(state["model"]["w"], torch.full((2,), 20.0))
+    assert "does not load" in caplog.text
+
+
+def test_a_state_that_would_run_code_is_never_unpickled(tmp_path):
+    """weights_only: a pickle carrying an arbitrary object (here one whose unpickling writes a file) is refused."""
+    import pickle
+
+    from draftline.train.state import load_latest, state_path
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    folder = tmp_path / "states"
+    folder.mkdir()
+    with open(state_path(folder, 5), "wb") as f:
+        pickle.dump({"step": 5, "model": Evil()}, f)
+    assert load_latest(folder) is None and not marker.exists()

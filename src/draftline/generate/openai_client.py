@@ -3,7 +3,8 @@
 Several endpoints, ``concurrency`` requests in flight on each, every request sent to the least-busy endpoint
 with a free slot. Transport errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter, and
 an endpoint that just failed that way cools down so that its siblings take the load; any other 4xx (a prompt
-longer than the context, say) fails at once, because sending it again cannot help.
+longer than the context, say) fails at once, because sending it again cannot help. What no retry can get past stops
+the stage (:class:`StageStop`): a refused API key, servers that stay down, a reply from another model.
 """
 
 from __future__ import annotations
@@ -38,7 +39,19 @@ class RequestFailed(Exception):
         self.retry_after = retry_after
 
 
-class AuthError(Exception):
+class StageStop(Exception):
+    """A fault no retry or other prompt can get past: the stage stops (the journal keeps what was done)."""
+
+
+class ServersDown(StageStop):
+    """Every try of a request found no server listening: the servers are down, so the stage stops."""
+
+
+class WrongModel(StageStop):
+    """A reply names another model than the one asked for: keeping it would mix targets in one dataset."""
+
+
+class AuthError(StageStop):
     """The server refused our credentials (401/403): no request can succeed, so the stage stops at once.
 
     The message names the endpoint and the setting to fix, never the token."""
@@ -152,6 +165,11 @@ class ChatClient:
                 ep.failures = 0
                 return result
             except RequestFailed as e:
+                if e.reason == "connection" and attempt == self.retries:
+                    raise ServersDown(
+                        f"{e.detail}; no server answered any of {self.retries + 1} tries: the servers are down. "
+                        "Finished results are in the journal: rerun the stage when they are back"
+                    ) from e
                 if not e.retryable or attempt == self.retries:
                     raise
                 err = e
@@ -191,9 +209,15 @@ class ChatClient:
             after = float(retry_after) if retry_after and retry_after.isdigit() else None
             raise RequestFailed(f"http_{status}", f"{ep.url}: {detail}", retryable, after)
         try:
-            result = parse_reply(json.loads(raw))
-        except (ValueError, KeyError, IndexError, TypeError) as e:
+            reply = json.loads(raw)
+            result = parse_reply(reply)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise RequestFailed("bad_response", f"{ep.url}: {type(e).__name__}: {e}", True) from e
+        if reply.get("model") not in (None, body.get("model")):
+            raise WrongModel(
+                f"{ep.url} answered as model {reply['model']!r} to a request for {body.get('model')!r}: a router or "
+                "gateway sent it to another model; point generate.endpoints at servers of the target alone"
+            )
         if result.finish_reason == "abort":
             raise RequestFailed("abort", f"{ep.url}: the server aborted the request", True)
         return result

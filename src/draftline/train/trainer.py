@@ -113,8 +113,9 @@ class Progress:
     nonfinite: int = 0
 
     def state(self) -> dict[str, Any]:
-        return {"history": self.history, "window": self.window, "tokens": self.tokens, "seconds": self.seconds,
-                "nonfinite": self.nonfinite}
+        """What a resumable state keeps of it: plain types and tensors only (states load with weights_only)."""
+        return {"history": self.history, "window": torch.from_numpy(self.window), "tokens": self.tokens,
+                "seconds": self.seconds, "nonfinite": self.nonfinite}
 
 
 def _setup_dist() -> Dist:
@@ -260,8 +261,8 @@ def resume(run: Run, folder: Path) -> Progress:
     run.drafter.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
-    progress = Progress(state["step"], state["history"], state["window"], state["tokens"], state["seconds"],
-                        state.get("nonfinite", 0))
+    progress = Progress(state["step"], state["history"], state["window"].numpy(), state["tokens"], state["seconds"],
+                        state["nonfinite"])
     if run.d.main:
         log.info("resuming from step %d of %d (%s)", progress.step, run.steps_total, folder)
     return progress
