@@ -278,13 +278,16 @@ def openai(
 ) -> Adapted:
     """A chat-completions (or Responses API ``input``) request body found at a dotted path in the row."""
     paths = [messages_path] if isinstance(messages_path, str) else list(messages_path)
-    found = next((v for v in (_at(row, p) for p in paths) if v is not None), None)
+    path, found = next(((p, v) for p, v in ((p, _at(row, p)) for p in paths) if v is not None), (None, None))
     if found is None:
         if raw_field and row.get(raw_field) is not None:
             # Kept as raw text because it never parsed: a server would have rejected it too.
             raise RowError("malformed", str(row.get(error_field) or "unparsed request body") if error_field else "")
         raise RowError("malformed", f"no messages at {' or '.join(paths)}")
     if isinstance(found, str):
+        # A plain string is the Responses API's `input` (one user turn); as chat `messages` it is a malformed body.
+        if not path.rsplit(".", 1)[-1] == "input":
+            raise RowError("malformed", f"{path} is a string, not a list of messages")
         found = [{"role": "user", "content": found}]
     if not isinstance(found, list):
         raise RowError("malformed", f"messages are a {type(found).__name__}")
