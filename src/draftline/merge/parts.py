@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from draftline.core import dataset as fmt
 from draftline.core.stats import Sources, mix_stats
-from draftline.merge.foreign import export_claim, foreign_format, read_foreign
+from draftline.merge.foreign import export_claim, foreign_format, mapped_shards, read_foreign
 from draftline.merge.guards import PROMPT_KEY_PREFIX, CastPlan, MergeGuardError, check_values, plan_casts, prompt_keys
 
 # Length percentiles reported besides the median (tokenize reports p90 only).
@@ -69,7 +69,7 @@ def open_part(
         fmt.read_meta(folder)  # raises its clear "not a draftline dataset" error
     files = fmt.shard_files(folder)
     fingerprint = json.loads((folder / "state.json").read_text(encoding="utf-8")).get("_fingerprint") or ""
-    tables = [pa.ipc.open_stream(pa.memory_map(str(folder / f))).read_all() for f in files]
+    tables = mapped_shards(folder, files)
     schemas = {t.schema.remove_metadata() for t in tables}
     if len(schemas) > 1:
         raise MergeGuardError(f"{where}: its shards do not share one schema; re-save it with datasets")
