@@ -190,19 +190,6 @@ def test_kill_9_then_rerun_loses_nothing_resends_nothing(tmp_path, cache):
     assert metrics["run"]["resumed"] == len(journaled) and metrics["completions"] == 40
 
 
-def test_torn_last_line_is_dropped_and_cut_before_the_next_append(tmp_path):
-    j = Journal(tmp_path)
-    j.append_many([{"id": "a", "status": "ok"}])
-    j.close()
-    with open(j.path, "ab") as f:
-        f.write(b'{"id": "b", "sta')  # killed mid-write
-    j = Journal(tmp_path)
-    assert list(j.load()) == ["a"] and j.torn == 1
-    j.append_many([{"id": "c", "status": "ok"}])
-    j.close()
-    assert list(Journal(tmp_path).load()) == ["a", "c"]
-
-
 def test_journal_key_follows_what_decides_a_result(tmp_path):
     prompts = make_prompts(2)
     with FakeSGLang() as srv:

@@ -23,7 +23,7 @@ from draftline.core.records import PromptRecord, TargetInfo, dumps, read_prompts
 from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
 from draftline.core.target import load_target
-from draftline.generate.journal import FAILED, OK, PARTIAL, Journal
+from draftline.generate.journal import FAILED, OK, PARTIAL, Journal, start_at
 from draftline.generate.launcher import Server, launch_env, sglang_command
 from draftline.generate.openai_client import ChatClient, ChatResult, RequestFailed
 from draftline.generate.params import GenerateParams
@@ -174,7 +174,8 @@ async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str
 
     async def worker() -> None:
         for p in it:  # one shared iterator: each worker takes the next prompt in dispatch order
-            await converse(p)
+            if not journal.done(p.id):  # another writer of a shared journal may have finished it meanwhile
+                await converse(p)
 
     async with ChatClient(endpoints, s.concurrency, s.timeout_s, s.retries, s.backoff_s,
                           s.backoff_max_s, s.seed, api_key=s.api_key()) as client:
@@ -195,9 +196,11 @@ def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: Genera
     backend = LocalBackend(info, s.sampling, s.enable_thinking, s.local)
     size = backend.batch_size
     sent = 0
-    for start in range(0, len(ordered), size):
+    starts = list(range(0, len(ordered), size))
+    first = start_at(len(starts), journal.join())
+    for start in starts[first:] + starts[:first]:
         batch = ordered[start : start + size]
-        if not any(p.id in pending_ids for p in batch):
+        if not any(p.id in pending_ids and not journal.done(p.id) for p in batch):
             continue
         convs = [Regeneration(p, s.enable_thinking) for p in batch]
         ended: dict[str, dict[str, Any]] = {}
@@ -222,6 +225,8 @@ def dispatch(ordered: list[PromptRecord], pending: list[PromptRecord], entries: 
         return {"requests": 0, "retries": 0}
     if s.backend == "local":
         return generate_local(ordered, {p.id for p in pending}, s, info, journal, entries, progress)
+    first = start_at(len(pending), journal.join())
+    pending = pending[first:] + pending[:first]
     prior = {p.id: entries[p.id] for p in pending if p.id in entries}
     model = s.model or info.path
     if s.launch is None:
@@ -270,17 +275,22 @@ def run_generate(params: GenerateParams, prompts_path: str | Path = "data/prompt
     journal = Journal(folder)
     entries = journal.load()
     if journal.torn:
-        log.warning("journal %s: dropped %d torn line(s) from an interrupted run", journal.path, journal.torn)
+        log.warning("journal %s: %d torn or damaged line(s) ignored, their prompts are sent again",
+                    journal.path, journal.torn)
     resumed = sum(1 for p in prompts if entries.get(p.id, {}).get("status") == OK)
     order = dispatch_order([prefix_group(p) for p in prompts])
     ordered = [prompts[i] for i in order]
     pending = [p for p in ordered if entries.get(p.id, {}).get("status") != OK]
+    if slot := journal.join():
+        log.info("another generate process writes journal %s: this one (writer %d) starts at prompt %d of %d",
+                 journal.path, slot, start_at(len(pending), slot), len(pending))
     log.info("%d prompts: %d already in the journal %s, %d to generate with %s",
              len(prompts), resumed, folder, len(pending), s.backend)
 
     progress = Progress(len(pending))
     try:
         stats = dispatch(ordered, pending, entries, s, info, journal, folder, progress)
+        entries = journal.refresh()  # with what another writer of a shared journal recorded meanwhile
     finally:
         progress.close()
         journal.close()
