@@ -119,3 +119,36 @@ def test_failed_write_leaves_the_previous_folder(tmp_path):
         df.write_dataset(tmp_path / "d", broken(), meta())
     assert len(df.load(tmp_path / "d")) == 5
     assert [p.name for p in tmp_path.iterdir()] == ["d"]
+
+
+def corrupt(path, how: str) -> None:
+    """Damage a shard as a bad copy or bad storage would (shards may be read-only, as merge leaves them)."""
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:  # one bit flipped in the middle of the token data: same size, still a readable Arrow stream
+        data[len(data) // 2] ^= 0x04
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncate", "bitflip"])
+def test_a_damaged_shard_is_refused_by_name(tmp_path, how):
+    m = df.write_dataset(tmp_path / "ds", [rows(200)], meta(), max_shard_bytes=40_000)
+    assert all(s.xxh3_128 for s in m.shards) and len(m.shards) > 2
+    df.verify_shards(tmp_path / "ds", df.read_meta(tmp_path / "ds"))
+    victim = tmp_path / "ds" / m.shards[1].filename
+    corrupt(victim, how)
+    with pytest.raises(df.CorruptShardError, match=m.shards[1].filename):
+        df.load(tmp_path / "ds")
+
+
+def test_training_set_is_verified_and_named_by_its_metadata(tmp_path):
+    m = df.write_dataset(tmp_path / "ds", [rows(50)], meta(), max_shard_bytes=40_000)
+    np.save(tmp_path / "ds" / df.ORDER_FILE, df.training_order(m.num_rows, 0))
+    digest = df.dataset_digest(tmp_path / "ds")
+    np.save(tmp_path / "ds" / df.ORDER_FILE, df.training_order(m.num_rows, 1))
+    assert df.dataset_digest(tmp_path / "ds") != digest  # another order is other training data
+    corrupt(tmp_path / "ds" / m.shards[0].filename, "bitflip")
+    with pytest.raises(df.CorruptShardError, match="do not match"):
+        df.load_training_set(tmp_path / "ds")

@@ -66,6 +66,26 @@ def merge(root: Path, **params) -> dict:
     )
 
 
+def test_a_damaged_base_shard_is_refused_before_anything_is_written(world):
+    root = world[0]
+    base_dir = root / "data/bases/r1"
+    victim = base_dir / fmt.shard_files(base_dir)[1]
+    victim.write_bytes(victim.read_bytes()[:-100])  # a copy cut short
+    with pytest.raises(fmt.CorruptShardError, match=victim.name):
+        merge(root, base=str(base_dir))
+    assert not (root / "data/merged").exists()
+
+
+def test_carried_shards_keep_their_verified_checksums(world):
+    root = world[0]
+    merge(root, base=str(root / "data/bases/r1"))
+    out = root / "data/merged"
+    meta = fmt.read_meta(out)
+    base = fmt.read_meta(root / "data/bases/r1")
+    assert [s.xxh3_128 for s in meta.shards[: len(base.shards)]] == [s.xxh3_128 for s in base.shards]
+    fmt.verify_shards(out, meta)
+
+
 def test_no_base_carries_the_new_data_as_is(world):
     root, _, _, new_rows = world
     m = merge(root)

@@ -19,6 +19,10 @@ Shards are written once and never rewritten, so a merge can carry old shards byt
 (DVC then stores only the new data): :class:`ShardWriter` writes shards, :func:`write_folder_index` writes
 ``state.json`` + ``dataset_info.json`` for any list of shard files, :func:`shard_files` lists them.
 
+Corruption is detected, never consumed: ``draftline.json`` records each shard's size and xxh3-128, and
+:func:`verify_shards` checks them wherever a dataset is read as input (merge's new rows and base, training,
+export), refusing a truncated, bit-flipped or swapped shard by name before any row of it is read.
+
 A training set (``data/merged``) adds ``order.npy``, an int64 permutation of its rows (row ``order[k]`` is
 trained k-th): :func:`training_order` makes it, :func:`load_training_set` reads the folder and checks it.
 """
@@ -36,9 +40,13 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from draftline.core.files import atomic_path, write_json
-from draftline.core.fingerprint import folder_fingerprint
+from draftline.core.fingerprint import file_xxh3_128, folder_fingerprint
+from draftline.core.logs import get_logger
+
+log = get_logger(__name__)
 
 # Bump when the columns or their meaning change; readers refuse other versions instead of misreading them.
 SCHEMA_VERSION = 1
@@ -88,6 +96,12 @@ class ShardInfo:
     num_tokens: int
     num_loss_tokens: int
     num_bytes: int
+    # xxh3-128 of the file's bytes; None only in folders written by draftline before checksums were recorded.
+    xxh3_128: str | None = None
+
+
+class CorruptShardError(ValueError):
+    """A shard whose size or bytes differ from what ``draftline.json`` records: never read, always refused."""
 
 
 @dataclass
@@ -262,6 +276,7 @@ class ShardWriter:
                 num_tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
                 num_loss_tokens=int(pc.sum(table.column("num_loss_tokens")).as_py() or 0),
                 num_bytes=path.stat().st_size,
+                xxh3_128=file_xxh3_128(path),
             )
         )
         self._pending, self._pending_bytes = [], 0
@@ -320,10 +335,53 @@ def read_meta(folder: str | os.PathLike) -> DatasetMeta:
     return meta
 
 
+def verify_shards(folder: str | os.PathLike, meta: DatasetMeta) -> None:
+    """Check every shard against ``draftline.json``: the list ``state.json`` gives, each file's size and its xxh3-128.
+
+    Raises :class:`CorruptShardError` naming the first file that differs (truncated by a bad copy, a flipped bit,
+    a file swapped in by hand): a damaged dataset is refused before any of it is read. Hashing runs at disk speed.
+    """
+    folder = Path(folder)
+    listed, recorded = shard_files(folder), [s.filename for s in meta.shards]
+    if listed != recorded:
+        raise CorruptShardError(f"{folder}/state.json lists shards {listed}, {META_FILE} records {recorded}: "
+                                "the folder was changed by hand; restore it (dvc checkout) or re-run its stage")
+    unchecked = 0
+    for s in meta.shards:
+        path = folder / s.filename
+        fix = f"restore it (`dvc checkout {folder}`) or re-run the stage that wrote it"
+        if not path.is_file():
+            raise CorruptShardError(f"{path} is missing: {fix}")
+        if (size := path.stat().st_size) != s.num_bytes:
+            raise CorruptShardError(f"{path} is {size} bytes, {META_FILE} records {s.num_bytes}: truncated? {fix}")
+        if s.xxh3_128 is None:
+            unchecked += 1
+        elif file_xxh3_128(path) != s.xxh3_128:
+            raise CorruptShardError(f"{path}: its bytes do not match the xxh3-128 in {META_FILE}: corrupted. {fix}")
+    if unchecked:
+        log.warning("%s: %d shard(s) have no recorded checksum (written by an older draftline); sizes checked only",
+                    folder, unchecked)
+
+
+def dataset_digest(folder: str | os.PathLike) -> str:
+    """xxh3-128 of a dataset folder's ``draftline.json`` (which records every shard's checksum) and, for a training
+    set, its ``order.npy``: names its contents without rereading its shards (run :func:`verify_shards` first)."""
+    folder = Path(folder)
+    h = xxhash.xxh3_128((folder / META_FILE).read_bytes())
+    if (folder / ORDER_FILE).is_file():
+        h.update((folder / ORDER_FILE).read_bytes())
+    return h.hexdigest()
+
+
 def shard_files(folder: str | os.PathLike) -> list[str]:
     """The shard file names of a dataset folder, in row order (from its ``state.json``)."""
     state = json.loads((Path(folder) / "state.json").read_text(encoding="utf-8"))
     return [f["filename"] for f in state["_data_files"]]
+
+
+def mapped_shards(folder: str | os.PathLike, files: list[str]) -> list[pa.Table]:
+    """Shard files of a ``save_to_disk`` folder as Arrow tables over memory maps: nothing is read into RAM."""
+    return [pa.ipc.open_stream(pa.memory_map(str(Path(folder) / f))).read_all() for f in files]
 
 
 def write_dataset(
@@ -348,8 +406,8 @@ def write_dataset(
 
 
 def load(path: str | os.PathLike) -> datasets.Dataset:
-    """Open a dataset folder memory-mapped (never read into RAM), after checking its schema version."""
-    read_meta(path)
+    """Open a dataset folder memory-mapped (never read into RAM), after checking its schema version and shards."""
+    verify_shards(path, read_meta(path))
     return datasets.load_from_disk(str(path), keep_in_memory=False)
 
 
@@ -359,8 +417,10 @@ def training_order(num_rows: int, seed: int) -> np.ndarray:
 
 
 def load_training_set(path: str | os.PathLike) -> tuple[datasets.Dataset, np.ndarray, DatasetMeta]:
-    """A training set (memory-mapped), its order, checked to be a permutation of its rows, and its metadata."""
+    """A training set (memory-mapped, its shards verified), its order, checked to be a permutation of its rows,
+    and its metadata."""
     meta = read_meta(path)
+    verify_shards(path, meta)
     ds = datasets.load_from_disk(str(path), keep_in_memory=False)
     order = np.load(Path(path) / ORDER_FILE, allow_pickle=False)
     if order.dtype != np.int64 or order.shape != (len(ds),) or not np.array_equal(np.sort(order), np.arange(len(ds))):

@@ -106,6 +106,15 @@ def model_fingerprint(folder: str | os.PathLike, hash_weights: bool = True) -> s
     return _digest(entries)
 
 
+def file_xxh3_128(path: str | os.PathLike) -> str:
+    """xxh3-128 of a file's bytes, read in 16 MiB pieces: a shard's checksum (many GB/s, so disk-bound)."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def folder_fingerprint(folder: str | os.PathLike, filenames: list[str]) -> str:
     """xxh3-64 over the shards' names and bytes: the ``_fingerprint`` ``datasets`` keys its caches by."""
     h = xxhash.xxh3_64()

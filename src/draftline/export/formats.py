@@ -43,12 +43,6 @@ HF_FEATURES = datasets.Features({
 })
 
 
-def merged_tables(folder: str | os.PathLike) -> Iterator[pa.Table]:
-    """The merged set's shards as memory-mapped tables, in row order."""
-    for name in fmt.shard_files(folder):
-        yield pa.ipc.open_stream(pa.memory_map(str(Path(folder) / name))).read_all()
-
-
 def lineage(meta: fmt.DatasetMeta, fmt_name: str) -> dict[str, Any]:
     return {"format": fmt_name, "producer": "draftline", "tokenizer_fingerprint": meta.tokenizer_fingerprint,
             "chat_template_sha256": meta.chat_template_sha256, "enable_thinking": meta.enable_thinking,
@@ -115,5 +109,5 @@ WRITERS: dict[str, Callable[[Iterator[pa.Table], Path], None]] = {
 def write_format(name: str, merged: str | os.PathLike, meta: fmt.DatasetMeta, out: Path) -> None:
     """Write format ``name`` of the merged set into the (new, empty) folder ``out``, then its ``export.json``."""
     out.mkdir(parents=True)
-    WRITERS[name](merged_tables(merged), out)
+    WRITERS[name](iter(fmt.mapped_shards(merged, fmt.shard_files(merged))), out)
     write_json(out / fmt.EXPORT_FILE, lineage(meta, name))

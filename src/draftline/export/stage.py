@@ -36,6 +36,7 @@ def run_export(params: ExportParams, merged_dir: str | os.PathLike = "data/merge
                out_dir: str | os.PathLike = "data/export") -> dict[str, Any]:
     """Write every requested format; returns the manifest."""
     meta = fmt.read_meta(merged_dir)
+    fmt.verify_shards(merged_dir, meta)
     manifest = {"formats": list(params.formats), "source": lineage(meta, "draftline")}
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)

@@ -29,11 +29,6 @@ from draftline.core.files import iter_jsonl
 from draftline.merge.guards import MergeGuardError
 
 
-def mapped_shards(folder: Path, files: list[str]) -> list[pa.Table]:
-    """The shard files of a ``save_to_disk`` folder as Arrow tables over memory maps: nothing is read into RAM."""
-    return [pa.ipc.open_stream(pa.memory_map(str(folder / f))).read_all() for f in files]
-
-
 def export_claim(folder: Path) -> dict[str, Any] | None:
     """The draftline ``export.json`` beside a dataset, if there is one."""
     path = folder / fmt.EXPORT_FILE
@@ -102,6 +97,6 @@ def read_foreign(folder: Path, kind: str, where: str) -> list[pa.Table]:
     """The base's rows as legacy tables (see the module docstring)."""
     if kind == "specforge":
         return read_specforge(folder, where)
-    tables = mapped_shards(folder, fmt.shard_files(folder))
+    tables = fmt.mapped_shards(folder, fmt.shard_files(folder))
     convert = {"speculators": from_speculators, "hf": from_hf}[kind]
     return [convert(t.replace_schema_metadata(None), f"{where}") for t in tables]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftline.core import dataset as fmt
+from draftline.core.fingerprint import file_xxh3_128
 from draftline.core.stats import Sources, mix_stats
-from draftline.merge.foreign import export_claim, foreign_format, mapped_shards, read_foreign
+from draftline.merge.foreign import export_claim, foreign_format, read_foreign
 from draftline.merge.guards import PROMPT_KEY_PREFIX, CastPlan, MergeGuardError, check_values, plan_casts, prompt_keys
 
 # Length percentiles reported besides the median (tokenize reports p90 only).
@@ -67,9 +68,11 @@ def open_part(
     meta = fmt.read_meta(folder) if (folder / fmt.META_FILE).is_file() else None
     if meta is None and not legacy_ok:
         fmt.read_meta(folder)  # raises its clear "not a draftline dataset" error
+    if meta is not None:
+        fmt.verify_shards(folder, meta)
     files = fmt.shard_files(folder)
     fingerprint = json.loads((folder / "state.json").read_text(encoding="utf-8")).get("_fingerprint") or ""
-    tables = mapped_shards(folder, files)
+    tables = fmt.mapped_shards(folder, files)
     schemas = {t.schema.remove_metadata() for t in tables}
     if len(schemas) > 1:
         raise MergeGuardError(f"{where}: its shards do not share one schema; re-save it with datasets")
@@ -84,13 +87,18 @@ def open_part(
     return Part(folder, where, meta, files, tables, plan, fingerprint)
 
 
-def shard_info(table: pa.Table, path: Path) -> fmt.ShardInfo:
+def shard_info(table: pa.Table, path: Path, recorded: fmt.ShardInfo | None) -> fmt.ShardInfo:
+    """The info of a carried shard: its source's verified record when it has one (so nothing is hashed again),
+    else counted and hashed here."""
+    if recorded is not None and recorded.xxh3_128 is not None:
+        return fmt.ShardInfo(**{**asdict(recorded), "filename": path.name})
     return fmt.ShardInfo(
         filename=path.name,
         num_rows=table.num_rows,
         num_tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
         num_loss_tokens=int(pc.sum(table.column("num_loss_tokens")).as_py() or 0),
         num_bytes=path.stat().st_size,
+        xxh3_128=file_xxh3_128(path),
     )
 
 

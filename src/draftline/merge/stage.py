@@ -109,10 +109,11 @@ def _write_shards(
     base_tables: list[pa.Table] = []
 
     def carry(part: Part, tag: str) -> None:
-        for i, (f, t) in enumerate(zip(part.files, part.tables)):
+        recorded = part.meta.shards if part.meta else [None] * len(part.files)
+        for i, (f, t, r) in enumerate(zip(part.files, part.tables, recorded)):
             dst = tmp / f".{tag}-{i:05d}.arrow"
             carrier.carry(part.folder / f, dst)
-            staged.append(shard_info(t, dst))
+            staged.append(shard_info(t, dst, r))
 
     if base is not None and base.plan.identity:
         carry(base, "base")

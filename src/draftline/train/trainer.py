@@ -26,9 +26,9 @@ import xxhash
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from draftline.core.dataset import DatasetMeta, load_training_set
+from draftline.core.dataset import DatasetMeta, dataset_digest, load_training_set
 from draftline.core.files import write_csv, write_json
-from draftline.core.fingerprint import code_digest, folder_digest
+from draftline.core.fingerprint import code_digest
 from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo
 from draftline.core.scratch import scratch_dir
@@ -138,7 +138,7 @@ def train(cfg: TrainParams, paths: Paths = Paths()) -> dict[str, Any]:
         run = prepare(cfg, paths, d)
         build(run)
         check = check_memory(run)
-        key = state_key(asdict(cfg), NOT_IN_KEY, folder_digest(paths.merged), run.info.to_dict(),
+        key = state_key(asdict(cfg), NOT_IN_KEY, dataset_digest(paths.merged), run.info.to_dict(),
                         code_digest("draftline.core", "draftline.drafter", "draftline.train"))
         folder = scratch_dir("train", key, paths.cache_root)
         progress = resume(run, folder)
