@@ -135,3 +135,42 @@ def embedded_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("embedded") / "target"
     write_target(TargetParams.parse(TINY_TARGET_PARAMS, "target"), folder, tiny_conversations())
     return folder
+
+
+class SmallDisk:
+    """A tmpfs of a few pages mounted by the test: writes beyond ``size`` fail with ENOSPC, as on a full disk."""
+
+    def __init__(self, path: Path, size: int):
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        run = __import__("subprocess").run
+        done = run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+        self._run = run
+
+    def grow(self, size: int) -> None:
+        """Free space: the same filesystem, with its files, now ``size`` bytes large."""
+        self._run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True)
+
+    def leftovers(self) -> list[str]:
+        """Temporary names that an interrupted write could leave: there must be none."""
+        return [str(p) for p in self.path.rglob("*") if ".tmp-" in p.name or ".old-" in p.name or p.suffix == ".partial"]
+
+    def unmount(self) -> None:
+        self._run(["umount", "-l", str(self.path)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """``small_disk(size)`` mounts a ``size``-byte tmpfs under ``tmp_path``; skipped with the reason where mounting
+    is not allowed. Unmounted at the end of the test."""
+    disks: list[SmallDisk] = []
+
+    def make(size: int) -> SmallDisk:
+        disks.append(SmallDisk(tmp_path / f"small-{len(disks)}", size))
+        return disks[-1]
+
+    yield make
+    for d in disks:
+        d.unmount()

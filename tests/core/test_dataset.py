@@ -152,3 +152,27 @@ def test_training_set_is_verified_and_named_by_its_metadata(tmp_path):
     corrupt(tmp_path / "ds" / m.shards[0].filename, "bitflip")
     with pytest.raises(df.CorruptShardError, match="do not match"):
         df.load_training_set(tmp_path / "ds")
+
+
+def test_a_full_disk_is_named_whatever_library_was_writing(small_disk):
+    """pyarrow, torch and safetensors each wrap ENOSPC their own way; every one surfaces as DiskFullError."""
+    import torch
+    from safetensors.torch import save_file
+
+    from draftline.core.files import DiskFullError, atomic_path
+
+    def torch_save(path):
+        with open(path, "wb") as f:  # as train.state saves
+            torch.save({"w": torch.zeros(20_000)}, f)
+
+    disk = small_disk(4096)
+    writers = {
+        "arrow": lambda p: df.write_dataset(p, [rows(300)], meta()),
+        "torch": torch_save,
+        "safetensors": lambda p: save_file({"w": torch.zeros(20_000)}, str(p)),
+    }
+    for name, write in writers.items():
+        with pytest.raises(DiskFullError, match=f"{name} output"):
+            with atomic_path(disk.path / name, f"{name} output") as tmp:
+                write(tmp)
+        assert list(disk.path.iterdir()) == [], name

@@ -11,10 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from generate_helpers import make_project, make_prompts, read_rows, run_in, shard_bytes
+from generate_helpers import gen_params, make_project, make_prompts, read_rows, run_in, shard_bytes
 from sglang_server import FakeSGLang
 
+from draftline.core.files import DiskFullError
 from draftline.generate.journal import Journal, decode, encode, start_at
+from draftline.generate.stage import run_generate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,3 +126,42 @@ def test_two_processes_share_one_journal(tmp_path, cache):
         assert shard_bytes(tmp_path / name) == reference
         assert [r["id"] for r in read_rows(tmp_path / name)] == [q.id for q in prompts]
     assert requests < 1.5 * len(prompts)  # each node did part of the work, not all of it
+
+
+def test_a_full_disk_stops_the_stage_naming_the_path_then_the_rerun_gives_the_same_bytes(tmp_path, small_disk,
+                                                                                       monkeypatch):
+    """The journal and the completions on a disk that fills: first the journal runs out of room, then (with room
+    for the journal only) the completions; each time the error names the file, nothing half-written is left under
+    an output name, and once space is freed the rerun sends only what was lost and writes the same bytes."""
+    prompts = make_prompts(40)
+    with FakeSGLang() as srv:
+        p = params(srv.url, shard_size=4)
+        run_in(make_project(tmp_path / "ref", prompts, p), p)
+    reference = shard_bytes(tmp_path / "ref")
+    journal_size = len(b"".join(journal_lines(tmp_path / "cache")))
+
+    disk = small_disk(journal_size // 2)
+    monkeypatch.setenv("DRAFTLINE_CACHE", str(disk.path / "cache"))
+    root = make_project(tmp_path / "run", prompts, p)
+    out = disk.path / "completions"
+
+    def run(url):
+        return run_generate(gen_params({**p, "endpoints": [url]}), root / "data/prompts/train.jsonl",
+                            root / "data/target", out, root / "metrics/generate.json")
+
+    with FakeSGLang() as srv:
+        with pytest.raises(DiskFullError, match=r"generation journal \(.*journal\.jsonl\)"):
+            run(srv.url)
+        first = {r["id"] for r in srv.requests}
+    assert not out.exists() and disk.leftovers() == []
+    disk.grow(journal_size + 4 * 4096)  # room for the whole journal, not for the completions beside it
+    with FakeSGLang() as srv:
+        with pytest.raises(DiskFullError, match=r"the completions \(.*completions\), at part-"):
+            run(srv.url)
+    assert not out.exists() and disk.leftovers() == []
+    disk.grow(4 << 20)
+    with FakeSGLang() as srv:
+        m = run(srv.url)
+        assert srv.requests == []  # everything was journaled by then
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == reference
+    assert m["completions"] == 40 and len(first) < 40

@@ -30,6 +30,7 @@ from merge_support import (
 
 from draftline.core import dataset as fmt
 from draftline.core.dataset import ORDER_FILE, load_training_set
+from draftline.core.files import DiskFullError
 from draftline.merge.carry import dvc_cache_types, hardlink_is_safe
 from draftline.merge.guards import PROMPT_KEY_PREFIX, MergeGuardError
 from draftline.merge.stage import MergeParams, run_merge
@@ -74,6 +75,26 @@ def test_a_damaged_base_shard_is_refused_before_anything_is_written(world):
     with pytest.raises(fmt.CorruptShardError, match=victim.name):
         merge(root, base=str(base_dir))
     assert not (root / "data/merged").exists()
+
+
+def test_a_full_disk_fails_naming_the_output_leaves_nothing_then_the_rerun_gives_the_same_bytes(world, small_disk):
+    root = world[0]
+    base = str(root / "data/bases/r1")
+    merge(root, base=base)
+    reference = file_hashes(root / "data/merged")
+    disk = small_disk(3 * 4096)  # a few pages: the base's shards do not all fit
+    out = disk.path / "merged"
+
+    def run():
+        return run_merge(merge_params(base=base), root / "data/tokenized", root / "data/target", out,
+                         root / "metrics/merge.json")
+
+    with pytest.raises(DiskFullError, match=r"merged"):
+        run()
+    assert not out.exists() and disk.leftovers() == []
+    disk.grow(1 << 20)
+    run()
+    assert file_hashes(out) == reference
 
 
 def test_carried_shards_keep_their_verified_checksums(world):

@@ -13,6 +13,7 @@ import pytest
 from conftest import default_params
 
 from draftline.core import dataset as dataset_format
+from draftline.core.files import DiskFullError
 from draftline.core.fingerprint import template_sha256, tokenizer_fingerprint
 from draftline.core.records import TargetInfo, dumps
 from draftline.tokenize.loss_mask import Example, MaskBuilder
@@ -304,6 +305,28 @@ def test_stage_end_to_end_deterministic_and_worker_independent(qwen3_tokenizer_d
     meta = dataset_format.read_meta(out1 / "tokenized")
     assert meta.enable_thinking is True and meta.max_len == 512 and meta.num_rows == 36
     assert meta.num_tokens == m1["total_tokens"] and meta.mask_token_id > meta.end_of_turn_token_id
+
+
+def test_a_full_disk_fails_naming_the_output_leaves_nothing_then_the_rerun_gives_the_same_bytes(
+    qwen3_tokenizer_dir, tmp_path, small_disk
+):
+    comp = tmp_path / "completions"
+    write_completions(comp)
+    target = target_dir(qwen3_tokenizer_dir, tmp_path)
+    ref, _ = run(tmp_path, comp, target, "ref", max_len=512)
+    disk = small_disk(4096)  # one page: the shards and their index do not fit
+    out = disk.path / "tokenized"
+
+    def tokenize():
+        return run_tokenize(comp, target, out, tmp_path / "m.json", tmp_path / "seq_len.csv",
+                            tokenize_params(max_len=512))
+
+    with pytest.raises(DiskFullError, match=r"tokenized"):
+        tokenize()
+    assert not out.exists() and disk.leftovers() == []
+    disk.grow(1 << 20)
+    tokenize()
+    assert folder_bytes(out) == folder_bytes(ref / "tokenized")
 
 
 def test_turns_all_one_row_per_assistant_turn(qwen3_tokenizer_dir, tmp_path):

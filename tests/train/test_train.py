@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import drafter_support as S
@@ -230,3 +231,24 @@ def test_a_state_that_would_run_code_is_never_unpickled(tmp_path):
     with open(state_path(folder, 5), "wb") as f:
         pickle.dump({"step": 5, "model": Evil()}, f)
     assert load_latest(folder) is None and not marker.exists()
+
+
+def test_a_full_disk_fails_naming_the_state_leaves_nothing_then_the_rerun_gives_the_same_bytes(tmp_path, workdir,
+                                                                                              small_disk):
+    """Training states and the checkpoint on a disk too small for a state: the error names the state file, no
+    temporary is left, and once space is freed the rerun trains to the uninterrupted run's checkpoint bytes."""
+    from draftline.core.files import DiskFullError
+
+    cfg = S.train_params(max_steps=12, save_every=5)
+    ref = _copy_inputs(workdir, tmp_path / "ref")
+    train(cfg, S.paths(ref))
+    root = _copy_inputs(workdir, tmp_path / "run")
+    disk = small_disk(8192)
+    paths = replace(S.paths(root), cache_root=disk.path / "cache", checkpoint=disk.path / "checkpoints")
+    with pytest.raises(DiskFullError, match=r"a training state \(.*state-00000005\.pt\)"):
+        train(cfg, paths)
+    assert disk.leftovers() == [] and not paths.checkpoint.exists()
+    disk.grow(64 << 20)
+    train(cfg, paths)
+    for name in ("model.safetensors", "config.json"):
+        assert (paths.checkpoint / name).read_bytes() == (ref / "data/checkpoints" / name).read_bytes()

@@ -291,7 +291,7 @@ class DFlashDrafter(DFlashModules):
         """Write ``config.json`` + ``model.safetensors`` (drafter weights only, in ``dtype``: the target's) and the
         modeling file, atomically as one folder."""
         dtype = dtype or self.fc.weight.dtype
-        with atomic_path(path) as tmp:
+        with atomic_path(path, "the drafter checkpoint") as tmp:
             tmp.mkdir(parents=True)
             config = checkpoint_config(self.config, dtype)
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -35,6 +35,7 @@ from typing import Any
 
 import xxhash
 
+from draftline.core.files import writing
 from draftline.core.records import dumps
 
 JOURNAL_FILE = "journal.jsonl"
@@ -163,7 +164,7 @@ class Journal:
         entries = list(entries)
         if not entries:
             return []
-        with self._locked() as fd:
+        with writing(self.path, "the generation journal"), self._locked() as fd:
             fresh = [e for e in entries if not self.done(e["id"])]
             data = b"".join(encode(e) for e in fresh)
             written = 0

@@ -1,7 +1,8 @@
 """Writing ``data/completions/`` from the journal: shards in prompt order, and the failures.
 
-Results reach the journal in completion order; the shards are written from it afterwards in PROMPT order,
-each under a temporary name then renamed, so an interrupted and an uninterrupted run give the same bytes.
+Results reach the journal in completion order; the folder is written from it afterwards in PROMPT order, under a
+temporary name then renamed whole, so an interrupted and an uninterrupted run give the same bytes and a run stopped
+part-way (a full disk) leaves no folder that looks finished.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from draftline.core.files import write_jsonl
+from draftline.core.files import atomic_path, write_jsonl
 from draftline.core.records import CompletionRecord, PromptRecord
 from draftline.generate.journal import FAILED, OK
 from draftline.generate.turns import split_turns
@@ -40,12 +41,10 @@ def write_outputs(out_dir: str | Path, prompts: list[PromptRecord], entries: dic
                   generation: dict[str, Any], shard_size: int, keep_truncated: bool) -> tuple[list[CompletionRecord], int]:
     """Write the shards and ``failures.jsonl``; return the records written and the number of failures.
 
-    Shards that a previous, larger run left behind are removed, so the folder holds this result only.
+    The folder replaces whatever ``out_dir`` held, so it holds this result only.
     """
     if shard_size < 1:
         raise ValueError(f"generate.shard_size must be >= 1, got {shard_size}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     records, failures = [], []
     for p in prompts:
         e = entries.get(p.id)
@@ -56,11 +55,9 @@ def write_outputs(out_dir: str | Path, prompts: list[PromptRecord], entries: dic
         elif e["status"] == FAILED:
             failures.append({"id": p.id, "source": p.source, "row": p.row, "reason": e["reason"],
                              "detail": e.get("detail", ""), "turns_done": len(e.get("replies", []))})
-    n_shards = 0
-    for n_shards, start in enumerate(range(0, len(records), shard_size), start=1):
-        write_jsonl(out / SHARD_PATTERN.format(n_shards - 1), records[start : start + shard_size])
-    for stale in out.glob("part-*.jsonl"):
-        if stale.name >= SHARD_PATTERN.format(n_shards):
-            stale.unlink()
-    write_jsonl(out / FAILURES_FILE, failures)
+    with atomic_path(out_dir, "the completions") as out:
+        out.mkdir(parents=True)
+        for n, start in enumerate(range(0, len(records), shard_size)):
+            write_jsonl(out / SHARD_PATTERN.format(n), records[start : start + shard_size])
+        write_jsonl(out / FAILURES_FILE, failures)
     return records, len(failures)

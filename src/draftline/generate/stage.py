@@ -123,6 +123,8 @@ class JournalWriter:
                 return
 
     def put(self, entry: dict[str, Any]) -> None:
+        if self.task.done():  # the journal failed (a full disk): stop sending requests whose results would be lost
+            self.task.result()
         self.queue.put_nowait(entry)
 
     async def close(self) -> None:

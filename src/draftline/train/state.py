@@ -55,8 +55,9 @@ def save_state(folder: Path, step: int, state: dict[str, Any]) -> Path:
     """Write the state of step ``step`` atomically, then drop all but the :data:`KEEP` newest."""
     folder.mkdir(parents=True, exist_ok=True)
     path = state_path(folder, step)
-    with atomic_path(path) as tmp:
-        torch.save({"step": step, **state}, tmp)
+    # Through a Python file, so that a full disk surfaces as the OSError it is (torch's own writer loses it).
+    with atomic_path(path, "a training state") as tmp, open(tmp, "wb") as f:
+        torch.save({"step": step, **state}, f)
     for old in [s for s in _steps(folder) if s <= step][:-KEEP]:
         state_path(folder, old).unlink()
     return path
