@@ -6,97 +6,27 @@ target, fewer prompts and training steps) so that the module stays within a few 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from project_clone import SHRINK, digest, make_project, ran, run
 
 pytestmark = pytest.mark.slow
 
-# What makes the embedded default quick enough for a test; every other value is the shipped default.
-SHRINK = {
-    "target": {"embedded": {"num_layers": 4, "hidden_size": 128, "intermediate_size": 384, "steps": 120}},
-    "blend": {"total": 160, "eval_per_source": 2},
-    "generate": {"max_tokens": 48},
-    # The shrunk target has 4 layers: tap [1, 2] (never the last).
-    "train": {"max_steps": 40, "save_every": 20, "target_layers": [1, 2]},
-    "evaluate": {"max_prompts_per_source": 1, "max_new_tokens": 24},
-}
 ALL_STAGES = {"target", "prompts", "generate", "tokenize", "merge", "export", "train", "evaluate"}
-
-
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
-    p = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=1500)
-    if p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}")
-    return p.stdout + p.stderr
-
-
-def _project_files() -> list[str]:
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, text=True, capture_output=True, check=True,
-    ).stdout.split("\n")
-    skip = ("data/raw/", "data/conversations/", "data/target/", "data/prompts/", "data/completions/",
-            "data/tokenized/", "data/merged/", "data/export/", "data/checkpoints/", "metrics/", "plots/", "dvc.lock")
-    return [f for f in out if f and not f.startswith(skip) and (REPO / f).is_file()]
-
-
-def _override(params: dict, changes: dict, where: str = "") -> None:
-    for key, value in changes.items():
-        assert key in params, f"params.yaml has no {where}{key}: update SHRINK in this test"
-        if isinstance(value, dict):
-            _override(params[key], value, f"{where}{key}.")
-        else:
-            params[key] = value
-
-
-def _shrink(params_file: Path) -> None:
-    params = yaml.safe_load(params_file.read_text())
-    _override(params, SHRINK)
-    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
-
-
-def _ran(log: str) -> set[str]:
-    """Stages that `dvc repro` / `dvc exp run` ran, from its log."""
-    return {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage '")}
-
-
-def _digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*")) if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("project")
-    for f in _project_files():
-        (root / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / f, root / f)
-    _shrink(root / "params.yaml")
-    env = dict(os.environ)
-    # Stage commands say `python`: make it this interpreter, and make it import this copy of draftline.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = str(root / "src")
-    env["DRAFTLINE_CACHE"] = str(root / ".draftline" / "cache")
-    # Bytecode is written as on a user's machine: it must never count as a code change (.dvcignore).
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
-                ["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
-        _run(cmd, root, env)
-    log = _run(["dvc", "repro"], root, env)
-    assert ALL_STAGES <= _ran(log)
-    _run(["git", "add", "-A"], root, env)
-    _run(["git", "commit", "-qm", "first data version"], root, env)
+    env = make_project(root, SHRINK)
+    log = run(["dvc", "repro"], root, env)
+    assert ALL_STAGES <= ran(log)
+    run(["git", "add", "-A"], root, env)
+    run(["git", "commit", "-qm", "first data version"], root, env)
     return root, env
 
 
@@ -116,9 +46,9 @@ def test_repro_builds_every_output(project):
 def test_second_repro_runs_nothing(project):
     root, env = project
     assert list((root / "src" / "draftline").rglob("*.pyc")), "the stages ran without writing bytecode"
-    log = _run(["dvc", "repro"], root, env)
-    assert _ran(log) == set()
-    assert "Data and pipelines are up to date." in _run(["dvc", "status"], root, env)
+    log = run(["dvc", "repro"], root, env)
+    assert ran(log) == set()
+    assert "Data and pipelines are up to date." in run(["dvc", "status"], root, env)
     lock = (root / "dvc.lock").read_text()
     assert ".pyc" not in lock and "__pycache__" not in lock
 
@@ -129,7 +59,7 @@ def _changed_after_editing(root: Path, env: dict[str, str], relative: str) -> se
     before = path.read_bytes()
     try:
         path.write_bytes(before + b"# an edit\n")
-        return set(json.loads(_run(["dvc", "status", "--json"], root, env)))
+        return set(json.loads(run(["dvc", "status", "--json"], root, env)))
     finally:
         path.write_bytes(before)
 
@@ -143,7 +73,7 @@ def test_code_deps_cover_what_each_stage_runs(project):
     assert _changed_after_editing(root, env, "src/draftline/evaluate/report.py") == {"evaluate"}
     # The model train and evaluate share marks both.
     assert _changed_after_editing(root, env, "src/draftline/drafter/model.py") == {"train", "evaluate"}
-    assert "Data and pipelines are up to date." in _run(["dvc", "status"], root, env)
+    assert "Data and pipelines are up to date." in run(["dvc", "status"], root, env)
 
 
 def test_one_source_param_reruns_that_source_alone(project):
@@ -152,48 +82,48 @@ def test_one_source_param_reruns_that_source_alone(project):
     params["sources"]["codefeedback"]["max_rows"] = 100
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
-        status = json.loads(_run(["dvc", "status", "--json"], root, env))
+        status = json.loads(run(["dvc", "status", "--json"], root, env))
         # That source's two stages; the prompt stage reads every source's name (their order) and sees it too.
         assert {s for s in status if "@" in s} == {"sources@codefeedback", "conversations@codefeedback"}
         assert set(status) <= {"sources@codefeedback", "conversations@codefeedback", "prompts"}
     finally:
-        _run(["git", "checkout", "params.yaml"], root, env)
+        run(["git", "checkout", "params.yaml"], root, env)
 
 
 def test_exp_run_changes_the_blend_and_reruns_from_prompts(project):
     root, env = project
     n = SHRINK["blend"]["total"] - 40
-    log = _run(["dvc", "exp", "run", "-S", f"blend.total={n}"], root, env)
-    assert _ran(log) == ALL_STAGES - {"target"}
+    log = run(["dvc", "exp", "run", "-S", f"blend.total={n}"], root, env)
+    assert ran(log) == ALL_STAGES - {"target"}
     assert (root / "data/prompts/train.jsonl").read_text().count("\n") == n
     # Back to the committed version for the tests that follow.
-    _run(["git", "checkout", "params.yaml", "dvc.lock"], root, env)
-    _run(["dvc", "checkout", "--force"], root, env)
+    run(["git", "checkout", "params.yaml", "dvc.lock"], root, env)
+    run(["dvc", "checkout", "--force"], root, env)
 
 
 def test_rollback_restores_the_previous_dataset_and_remote_restores_a_lost_cache(project, tmp_path):
     root, env = project
-    first = _digest(root / "data/merged")
+    first = digest(root / "data/merged")
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["merge"]["seed"] = 1
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    log = _run(["dvc", "repro"], root, env)
-    assert _ran(log) == {"merge", "export", "train", "evaluate"}
-    assert _digest(root / "data/merged") != first
-    _run(["git", "commit", "-qam", "second data version"], root, env)
-    second = _digest(root / "data/merged")
+    log = run(["dvc", "repro"], root, env)
+    assert ran(log) == {"merge", "export", "train", "evaluate"}
+    assert digest(root / "data/merged") != first
+    run(["git", "commit", "-qam", "second data version"], root, env)
+    second = digest(root / "data/merged")
 
-    _run(["git", "checkout", "-q", "HEAD~1"], root, env)
-    _run(["dvc", "checkout"], root, env)
-    assert _digest(root / "data/merged") == first
+    run(["git", "checkout", "-q", "HEAD~1"], root, env)
+    run(["dvc", "checkout"], root, env)
+    assert digest(root / "data/merged") == first
 
     # A lost cache comes back from the remote, every version of it.
-    _run(["dvc", "remote", "add", "--local", "-d", "backup", str(tmp_path / "remote")], root, env)
-    _run(["dvc", "push", "--all-commits"], root, env)
+    run(["dvc", "remote", "add", "--local", "-d", "backup", str(tmp_path / "remote")], root, env)
+    run(["dvc", "push", "--all-commits"], root, env)
     shutil.rmtree(root / ".dvc" / "cache")
     shutil.rmtree(root / "data" / "merged")
-    _run(["dvc", "pull"], root, env)
-    assert _digest(root / "data/merged") == first
-    _run(["git", "checkout", "-q", "-"], root, env)
-    _run(["dvc", "pull"], root, env)
-    assert _digest(root / "data/merged") == second
+    run(["dvc", "pull"], root, env)
+    assert digest(root / "data/merged") == first
+    run(["git", "checkout", "-q", "-"], root, env)
+    run(["dvc", "pull"], root, env)
+    assert digest(root / "data/merged") == second

@@ -92,7 +92,7 @@ def test_scan_rows_counts_pairs_after_the_cut():
     stats = scan_rows(_rows(masks), max_length=5)
     assert stats.lengths.tolist() == [4, 4, 2, 1, 5]
     assert stats.anchors.tolist() == [count_candidates(m[:5]) for m in masks] == [2, 0, 1, 0, 2]
-    assert stats.cut_loss_tokens == 2
+    assert stats.cut_loss_tokens == 2 and stats.kept_loss_tokens == sum(sum(m[:5]) for m in masks)
 
 
 def test_pack_batches_respects_the_budget():
@@ -115,5 +115,8 @@ def test_batch_plan_skips_rows_without_anchors_and_shards_by_rank():
         a, b = plan.batch_rows(step, 0), plan.batch_rows(step, 1)
         assert not set(a) & set(b)
         assert (plans[1].batch_rows(step, 0) == a).all()  # a pure function of (seed, step, rank)
+    for step in (5, 0, 4, 1):  # out of order too: the remembered epoch never leaks into another
+        fresh = BatchPlan(ds, np.arange(7), max_length=8, max_tokens_per_batch=4, seed=3, world_size=2)
+        assert (plan.batch_rows(step, 1) == fresh.batch_rows(step, 1)).all()
     batch = collate(ds, np.array([0, 6]), 3, pad_token_id=0)
     assert batch.input_ids.shape == (2, 3) and batch.loss_mask[0].tolist() == [False, True, True]

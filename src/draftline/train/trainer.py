@@ -375,6 +375,7 @@ def finish(run: Run, progress: Progress, check: Preflight, paths: Paths) -> dict
         "epochs": round(run.steps_total / plan.steps_per_epoch, 4),
         "rows": int(len(plan.rows)),
         "rows_skipped": run.skips.as_dict(),
+        "loss_tokens_kept": plan.stats.kept_loss_tokens,
         "loss_tokens_cut": plan.stats.cut_loss_tokens,
         "first_loss": history[0]["loss"],
         "final_loss": round(float(np.mean([h["loss"] for h in tail])), 6),

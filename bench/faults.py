@@ -1,0 +1,209 @@
+"""Fault campaign: kill every stage with SIGKILL at seeded random points, rerun ``dvc repro``, compare with a clean run.
+
+On the embedded default shrunk as the pipeline test shrinks it (tests/project_clone.py, training states every 10
+steps so that a kill can land between two), in a temporary git + DVC clone of this repository:
+
+1. ``dvc repro`` once: the reference outputs;
+2. per stage, one forced uninterrupted rerun (``dvc repro -f -s <stage>``), timed: it must reproduce the reference
+   bytes, and its time places the kills;
+3. per stage and fault, the same forced rerun killed (the whole process group: DVC and the stage) at a seeded
+   random fraction of that time, then a plain ``dvc repro``, whose outputs are compared, file by file and row by
+   row, with the reference.
+
+A stage's scratch (the generation journal, the training states) is emptied before each of its runs, so a kill
+lands in real work rather than in a resume of the reference run's. It prints one row per stage: faults injected
+(kills that landed while the stage ran), reruns that completed, outputs identical, rows lost and rows duplicated
+(summed over every output of the pipeline: JSON lines, Arrow rows by id, Parquet rows), and how the rerun resumed
+(generate: results taken from the journal; train: the step it resumed from, which must be the last state saved).
+
+    python bench/faults.py                      # every stage, 3 faults each (about 25 minutes on 2 cores)
+    python bench/faults.py --stages generate,train --faults 2
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The temporary-clone helpers are the pipeline test's.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+
+import argparse  # noqa: E402
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from project_clone import SHRINK, make_project, run
+
+STAGES = ("sources", "conversations", "target", "prompts", "generate", "tokenize", "merge", "train", "evaluate")
+# Where a stage keeps progress between runs (core.scratch): emptied before each of its runs.
+SCRATCH = {"generate": "generate", "train": "train"}
+CAMPAIGN = {"train": {"save_every": 10}}
+
+
+def stage_names(root: Path) -> dict[str, str]:
+    """Each campaign stage's DVC name; a foreach group is represented by its first entry."""
+    names = list(yaml.safe_load((root / "dvc.lock").read_text())["stages"])
+    return {s: next(n for n in names if n == s or n.startswith(f"{s}@")) for s in STAGES}
+
+
+def outputs(root: Path) -> list[Path]:
+    """Every ``outs`` path of the pipeline (metrics and plots carry timings, so they are not compared)."""
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    return sorted({root / o["path"] for s in lock.values() for o in s.get("outs", []) if o["path"].startswith("data/")})
+
+
+def file_digests(paths: list[Path], root: Path) -> dict[str, str]:
+    files = [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*")) if p.exists() else [])]
+    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files if f.is_file()}
+
+
+def differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def rows(paths: list[Path]) -> Counter:
+    """A multiset of the rows the outputs hold: JSON lines by content, Arrow rows by id, Parquet rows by content."""
+    out: Counter = Counter()
+    for p in paths:
+        for f in ([p] if p.is_file() else sorted(p.rglob("*")) if p.exists() else []):
+            tag = str(f.parent.name)
+            if f.suffix == ".jsonl":
+                out.update(f"{tag}:{hashlib.sha1(line).hexdigest()}" for line in f.read_bytes().splitlines())
+            elif f.suffix == ".arrow":
+                table = pa.ipc.open_stream(pa.memory_map(str(f))).read_all()
+                if "id" in table.column_names:
+                    out.update(f"{tag}:{i}" for i in table.column("id").to_pylist())
+            elif f.suffix == ".parquet":
+                out.update(f"{tag}:{json.dumps(r, sort_keys=True, default=str)}" for r in pq.read_table(f).to_pylist())
+    return out
+
+
+def clear_scratch(root: Path, stage: str) -> None:
+    if stage in SCRATCH:
+        shutil.rmtree(root / ".draftline" / "cache" / SCRATCH[stage], ignore_errors=True)
+
+
+def states(root: Path) -> list[int]:
+    return sorted(int(p.stem.split("-")[1]) for p in (root / ".draftline/cache/train").glob("*/state-*.pt"))
+
+
+def journaled(root: Path) -> int:
+    return sum(p.read_bytes().count(b'"status":"ok"') for p in (root / ".draftline/cache/generate").glob("*/journal.jsonl"))
+
+
+def kill_at(cmd: list[str], root: Path, env: dict[str, str], after_s: float) -> bool:
+    """Start ``cmd`` in its own process group and SIGKILL the group after ``after_s``; False if it ended first."""
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        proc.wait(timeout=after_s)
+        return False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return True
+
+
+def resumed_note(stage: str, root: Path, log: str, before: dict[str, Any]) -> str:
+    if stage == "train":
+        saved = before["states"]
+        line = next((ln for ln in log.splitlines() if "resuming from step" in ln), "")
+        got = int(line.split("resuming from step")[1].split()[0]) if line else 0
+        expect = max(saved) if saved else 0
+        return f"step {got} (last state {expect})" + ("" if got == expect else " MISMATCH")
+    if stage == "generate":
+        metrics = json.loads((root / "metrics/generate.json").read_text())
+        return f"{metrics['run']['resumed']} from journal ({before['journaled']} journaled)"
+    return ""
+
+
+def campaign(root: Path, env: dict[str, str], stages: list[str], faults: int, seed: int) -> list[dict[str, Any]]:
+    t0 = time.monotonic()
+    run(["dvc", "repro"], root, env)
+    print(f"reference dvc repro: {time.monotonic() - t0:.0f} s", flush=True)
+    outs = outputs(root)
+    ref_files, ref_rows = file_digests(outs, root), rows(outs)
+    names = stage_names(root)
+    rng = random.Random(seed)
+    table = []
+    for stage in stages:
+        name = names[stage]
+        clear_scratch(root, stage)
+        t = time.monotonic()
+        run(["dvc", "repro", "-f", "-s", name], root, env)
+        clean_s = time.monotonic() - t
+        changed = differing(file_digests(outs, root), ref_files)
+        assert not changed, f"a clean forced rerun of {name} changed {changed}: the stage is not deterministic here"
+        row = {"stage": name, "clean_s": round(clean_s, 1), "injected": 0, "completed": 0, "identical": 0,
+               "rows_lost": 0, "rows_duplicated": 0, "resumed": []}
+        for _ in range(faults):
+            clear_scratch(root, stage)
+            at = rng.uniform(0.15, 0.9) * clean_s
+            injected = kill_at(["dvc", "repro", "-f", "-s", name], root, env, at)
+            before = {"states": states(root), "journaled": journaled(root) if stage == "generate" else 0}
+            row["injected"] += injected
+            try:
+                log = run(["dvc", "repro"], root, env)
+                row["completed"] += 1
+            except AssertionError as e:
+                print(f"  {name}: rerun after a kill at {at:.1f} s failed:\n{e}", flush=True)
+                continue
+            got_files, got_rows = file_digests(outs, root), rows(outs)
+            row["identical"] += got_files == ref_files
+            row["rows_lost"] += sum((ref_rows - got_rows).values())
+            row["rows_duplicated"] += sum((got_rows - ref_rows).values())
+            if injected and (note := resumed_note(stage, root, log, before)):
+                row["resumed"].append(note)
+            print(f"  {name}: killed at {at:.1f} s of {clean_s:.1f} s" + ("" if injected else " (had ended)")
+                  + f", rerun identical: {got_files == ref_files}", flush=True)
+        table.append(row)
+    return table
+
+
+def print_table(table: list[dict[str, Any]]) -> None:
+    head = ("stage", "clean s", "faults injected", "reruns completed", "outputs identical", "rows lost",
+            "rows duplicated", "resumed")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in table:
+        cells = (r["stage"], r["clean_s"], r["injected"], r["completed"], r["identical"], r["rows_lost"],
+                 r["rows_duplicated"], "; ".join(r["resumed"]) or "-")
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from: " + ", ".join(STAGES))
+    ap.add_argument("--faults", type=int, default=3, help="kills per stage")
+    ap.add_argument("--seed", type=int, default=0, help="seeds where the kills land")
+    ap.add_argument("--keep", type=Path, help="build the clone here and keep it (default: a temporary folder)")
+    ap.add_argument("--json", type=Path, help="also write the table as JSON here")
+    args = ap.parse_args()
+    stages = args.stages.split(",")
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        ap.error(f"unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}")
+    with tempfile.TemporaryDirectory(prefix="draftline-faults-") as tmp:
+        root = args.keep or Path(tmp) / "project"
+        root.mkdir(parents=True, exist_ok=True)
+        env = make_project(root, SHRINK, CAMPAIGN)
+        table = campaign(root, env, stages, args.faults, args.seed)
+    print_table(table)
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
