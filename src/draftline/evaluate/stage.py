@@ -26,6 +26,7 @@ from draftline.core.params import Params
 from draftline.core.records import PromptRecord, TargetInfo, read_prompts
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target, load_tokenizer
+from draftline.core.threads import torch_threads
 from draftline.drafter.model import DFlashDrafter, lineage_of
 from draftline.evaluate.report import ACCEPTANCE_COLUMNS, PromptResult, acceptance_by_position, summarize
 from draftline.evaluate.speculative import DFlashProposer, Proposer, greedy_generate, speculative_generate
@@ -111,10 +112,11 @@ def evaluate_prompts(
         bar.set_postfix(tau=f"{sum(sum(r.speculative.produced) for r in results) / max(steps, 1):.2f}")
     # Wall time depends on the machine, so it is logged, never written to the metrics.
     if spent["speculative"]:
-        log.info("wall time: target-only %.1fs, speculative %.1fs (%.2fx). On a CPU a verification step costs about "
-                 "block_size target forwards, so this is no speed-up figure: on a GPU a block is verified in one "
-                 "memory-bound pass, and tau is what carries over", spent["baseline"], spent["speculative"],
-                 spent["baseline"] / spent["speculative"])
+        log.info("CPU wall clock: target-only %.1f s, speculative %.1f s: a %.2fx speed-up. What that means here: this "
+                 "target is tiny, so one drafter forward costs about as much as one target forward and every step pays "
+                 "both; beside a large target on a GPU the drafter is a small fraction of a target forward, and tau "
+                 "(tokens per target forward) is the figure that carries over", spent["baseline"],
+                 spent["speculative"], spent["baseline"] / spent["speculative"])
     return results
 
 
@@ -179,6 +181,7 @@ def run_evaluate(
     Fails (after writing both, so they can be read) when an output differs from target-only greedy decoding and
     ``require_lossless`` is set: that is a bug in verification, or, in bf16, numerics flipping a near-tie.
     """
+    started = time.perf_counter()
     info = load_target(target_dir)
     skips = Skips(log, strict=params.strict)
     records = load_eval_prompts(prompts_path, params.max_prompts_per_source, skips)
@@ -186,13 +189,8 @@ def run_evaluate(
         raise ValueError(f"{prompts_path} holds no usable eval prompts (skipped: {skips.as_dict()})")
     # Batch-1 decoding of a small model is latency-bound: on a busy CPU, extra OpenMP threads only spin
     # (measured: 2 threads 15x slower than 1 on a loaded 2-core box).
-    threads = torch.get_num_threads()
-    if params.threads > 0:
-        torch.set_num_threads(params.threads)
-    try:
-        return _evaluate(params, info, checkpoint, records, skips, metrics_path, plot_path)
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(params.threads):
+        return _evaluate(params, info, checkpoint, records, skips, metrics_path, plot_path, started)
 
 
 def _evaluate(
@@ -203,6 +201,7 @@ def _evaluate(
     skips: Skips,
     metrics_path: str | os.PathLike,
     plot_path: str | os.PathLike,
+    started: float,
 ) -> dict[str, Any]:
     target, tokenizer, drafter = load_models(info, checkpoint, params)
     # The prompts are rendered in the thinking mode the training data was generated in (null: the template's own).
@@ -216,6 +215,7 @@ def _evaluate(
         raise ValueError(f"every eval prompt was skipped ({skips.as_dict()}); raise evaluate.max_prompt_tokens?")
     metrics = summarize(results, drafter.block_size, skips, params.max_new_tokens, thinking)
     write_csv(plot_path, acceptance_by_position(results, drafter.block_size), ACCEPTANCE_COLUMNS)
+    metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
     write_json(metrics_path, metrics)
     log.info("tau %.3f over %d steps, lossless %.3f, target forwards saved %.1f%%", metrics["tau"] or 0.0,
              metrics["verification_steps"], metrics["lossless"], 100 * (metrics["target_forwards"]["saved_fraction"] or 0))

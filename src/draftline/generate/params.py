@@ -20,6 +20,7 @@ class LocalParams(Params):
     device: str
     dtype: Literal["float32", "bfloat16", "float16", "auto"]
     batch_size: int
+    threads: int
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def summarize(prompts: list[PromptRecord], entries: dict[str, dict[str, Any]], r
     out = _block(records, sum(failures.values(), Counter()), sum(truncated.values()))
     out["prompts"] = len(prompts)
     out["per_source"] = {s: _block(by_source[s], failures[s], truncated[s]) for s in sources}
-    wall = run["wall_time_s"]
+    wall = run["stage_seconds"]
     out["run"] = {
         **run,
         "completions_per_s": round(run["finished"] / wall, 3) if wall > 0 else 0.0,

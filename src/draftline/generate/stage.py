@@ -23,6 +23,7 @@ from draftline.core.records import PromptRecord, TargetInfo, dumps, read_prompts
 from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
 from draftline.core.target import load_target
+from draftline.core.threads import torch_threads
 from draftline.generate.journal import FAILED, OK, PARTIAL, Journal, start_at
 from draftline.generate.launcher import Server, launch_env, sglang_command
 from draftline.generate.openai_client import ChatClient, ChatResult, RequestFailed
@@ -192,7 +193,8 @@ async def generate_remote(pending: list[PromptRecord], prior: dict[str, dict[str
 def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: GenerateParams, info: TargetInfo,
                    journal: Journal, entries: dict[str, dict[str, Any]], progress: Progress) -> dict[str, int]:
     """Batches are fixed over ALL prompts, so a resumed run computes every batch exactly as an uninterrupted one
-    (padding and batch shape change floating-point results); a batch with nothing pending is skipped."""
+    (padding and batch shape change floating-point results); a batch with nothing pending is skipped. The thread
+    count is fixed too (``generate.local.threads``, see :mod:`draftline.core.threads`)."""
     from draftline.generate.local import LocalBackend
 
     backend = LocalBackend(info, s.sampling, s.enable_thinking, s.local)
@@ -200,24 +202,32 @@ def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: Genera
     sent = 0
     starts = list(range(0, len(ordered), size))
     first = start_at(len(starts), journal.join())
-    for start in starts[first:] + starts[:first]:
-        batch = ordered[start : start + size]
-        if not any(p.id in pending_ids and not journal.done(p.id) for p in batch):
-            continue
-        convs = [Regeneration(p, s.enable_thinking) for p in batch]
-        ended: dict[str, dict[str, Any]] = {}
-        while active := [c for c in convs if c.prompt.id not in ended]:
-            results = backend.generate([(c.next_request(), c.prompt.tools) for c in active])
-            sent += len(active)
-            for c, r in zip(active, results):
-                if (entry := c.take(r)) is not None:
-                    ended[c.prompt.id] = entry
-        new = [ended[p.id] for p in batch if p.id in pending_ids]
-        journal.append_many(new)
-        for e in new:
-            entries[e["id"]] = e
-            progress.done(e)
+    with torch_threads(s.local.threads):
+        for start in starts[first:] + starts[:first]:
+            sent += _generate_batch(ordered[start : start + size], pending_ids, s, backend, journal, entries, progress)
     return {"requests": sent, "retries": 0}
+
+
+def _generate_batch(batch: list[PromptRecord], pending_ids: set[str], s: GenerateParams, backend: Any,
+                    journal: Journal, entries: dict[str, dict[str, Any]], progress: Progress) -> int:
+    """One fixed batch, turn by turn; its pending results journaled. Returns the requests it made."""
+    if not any(p.id in pending_ids and not journal.done(p.id) for p in batch):
+        return 0
+    sent = 0
+    convs = [Regeneration(p, s.enable_thinking) for p in batch]
+    ended: dict[str, dict[str, Any]] = {}
+    while active := [c for c in convs if c.prompt.id not in ended]:
+        results = backend.generate([(c.next_request(), c.prompt.tools) for c in active])
+        sent += len(active)
+        for c, r in zip(active, results):
+            if (entry := c.take(r)) is not None:
+                ended[c.prompt.id] = entry
+    new = [ended[p.id] for p in batch if p.id in pending_ids]
+    journal.append_many(new)
+    for e in new:
+        entries[e["id"]] = e
+        progress.done(e)
+    return sent
 
 
 def dispatch(ordered: list[PromptRecord], pending: list[PromptRecord], entries: dict[str, dict[str, Any]],
@@ -300,7 +310,7 @@ def run_generate(params: GenerateParams, prompts_path: str | Path = "data/prompt
     generation = {"backend": s.backend, **decides["target"], "sampling": s.sampling,
                   "enable_thinking": s.enable_thinking}
     records, n_failed = write_outputs(out_dir, prompts, entries, generation, s.shard_size, s.keep_truncated)
-    run = {"wall_time_s": round(time.monotonic() - t0, 3), "resumed": resumed, "finished": progress.finished,
+    run = {"stage_seconds": round(time.monotonic() - t0, 2), "resumed": resumed, "finished": progress.finished,
            "output_tokens": progress.output_tokens, "skipped_prompts": skips.as_dict(), "journal": str(folder), **stats}
     metrics = summarize(prompts, entries, records, run)
     write_json(metrics_path, metrics)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import xxhash
+from tqdm import tqdm
 
 from draftline.core import dataset as fmt
 from draftline.core.files import atomic_path, write_json
@@ -110,7 +111,9 @@ def _write_shards(
 
     def carry(part: Part, tag: str) -> None:
         recorded = part.meta.shards if part.meta else [None] * len(part.files)
-        for i, (f, t, r) in enumerate(zip(part.files, part.tables, recorded)):
+        shards = tqdm(zip(part.files, part.tables, recorded), desc=f"merge: carry {tag} shards", unit=" shards",
+                      total=len(part.files))
+        for i, (f, t, r) in enumerate(shards):
             dst = tmp / f".{tag}-{i:05d}.arrow"
             carrier.carry(part.folder / f, dst)
             staged.append(shard_info(t, dst, r))
@@ -123,7 +126,7 @@ def _write_shards(
         # merged folder, the next round's base, is already in the schema and is carried from then on).
         writer = fmt.ShardWriter(tmp, prefix="base")
         start = 0
-        for t in base.tables:
+        for t in tqdm(base.tables, desc="merge: rewrite base shards", unit=" shards"):
             keys = legacy_keys[start : start + t.num_rows] if "id" in base.plan.derived else None
             start += t.num_rows
             cast = apply_casts(t, base.plan, keys)
@@ -264,6 +267,7 @@ def run_merge(
             make_read_only(tmp / s.filename)
 
     metrics = merge_metrics(base, new, kept, base_counts, overlap, reencoded, carrier, staged)
+    metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
     write_json(metrics_path, metrics)
     log.info(
         "merged %d base rows (%s) + %d new rows, %d of them dropped as already in the base: %d rows in %d shards "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +186,7 @@ def run_prompts(
     """Run the whole stage over ``sources`` (names, in params.yaml order); returns the metrics.
 
     Raises before writing anything when the blend is infeasible."""
+    started = time.perf_counter()
     order = list(sources)
     _check_names(order, dedup, blend)
     records, reports = collect(order, prompts, conversations_root)
@@ -193,6 +195,7 @@ def run_prompts(
     train, eval_ = blend_rows(kept, reports, blend, order, cost)
     _write_outputs(Path(out_dir), train, eval_)
     metrics = build_metrics(reports, blend.unit, blend.total)
+    metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
     write_json(metrics_path, metrics)
     write_csv(plots_path, plot_rows(metrics))
     print(format_table(metrics), flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,7 @@ def run_source(
     metrics_root: str | os.PathLike = "metrics/sources",
 ) -> dict[str, Any]:
     """Load source ``name``, write ``raw_root/<name>/data.parquet`` and ``metrics_root/<name>.json``."""
+    started = time.perf_counter()
     skips = Skips(get_logger(f"sources.{name}"), strict=bool(spec.strict))
     loaded = load_source(name, spec, skips)
     if loaded.table.num_rows == 0:
@@ -172,6 +174,7 @@ def run_source(
         "broken": loaded.broken,
         "columns": loaded.table.column_names,
         "json_columns": json_columns(loaded.table.schema),
+        "stage_seconds": round(time.perf_counter() - started, 2),
     }
     write_json(Path(metrics_root) / f"{name}.json", metrics)
     log.info(

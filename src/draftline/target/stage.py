@@ -108,7 +108,7 @@ def run_target(
     metrics = dict(build.metrics) if build else {}
     metrics.update(
         embedded=info.embedded, num_hidden_layers=info.num_hidden_layers, hidden_size=info.hidden_size,
-        vocab_size=info.vocab_size, skipped=skips.as_dict(), stage_wall_s=round(time.perf_counter() - t0, 1),
+        vocab_size=info.vocab_size, skipped=skips.as_dict(), stage_seconds=round(time.perf_counter() - t0, 2),
     )
     write_json(metrics_path, metrics)
     write_csv(plot_path, build.loss_curve if build else [], LOSS_COLUMNS)

@@ -122,6 +122,7 @@ def run_tokenize(
     params: TokenizeParams,
 ) -> dict[str, Any]:
     """Run the stage; returns the metrics it writes."""
+    started = time.perf_counter()
     info = load_target(target_dir)
     paths = sorted(Path(completions_dir).glob("part-*.jsonl"))
     if not paths:
@@ -138,10 +139,10 @@ def run_tokenize(
         end_of_turn_token_id=info.end_of_turn_token_id,
     )
     tally = Tally(Skips(log, strict=params.strict))
-    started = time.perf_counter()
     tables = row_tables(paths, info, tokenizer, params, tally, meta)
     write_dataset(out_dir, tables, meta, max_shard_bytes=params.max_shard_mb * 1_000_000)
     metrics = build_metrics(tally, meta)
+    metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
     write_json(metrics_path, metrics)
     nt, _, _ = tally.arrays()
     write_csv(plot_path, histogram(nt, params.max_len), ["seq_len", "rows"])

@@ -32,6 +32,7 @@ class TrainParams(Params):
     skip_nonfinite: int
     bf16: bool
     seed: int
+    threads: int
     gpus: int
     save_every: int
     log_every: int

@@ -34,6 +34,7 @@ from draftline.core.records import TargetInfo
 from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target
+from draftline.core.threads import torch_threads
 from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
 from draftline.train.data import BatchPlan, collate
 from draftline.train.memory import Preflight, Shapes, preflight
@@ -133,17 +134,19 @@ def _setup_dist() -> Dist:
 
 def train(cfg: TrainParams, paths: Paths = Paths()) -> dict[str, Any]:
     """Train to the end (resuming from the newest state of the same inputs) and write the outputs."""
+    started = time.perf_counter()
     d = _setup_dist()
     try:
-        run = prepare(cfg, paths, d)
-        build(run)
-        check = check_memory(run)
-        key = state_key(asdict(cfg), NOT_IN_KEY, dataset_digest(paths.merged), run.info.to_dict(),
-                        code_digest("draftline.core", "draftline.drafter", "draftline.train"))
-        folder = scratch_dir("train", key, paths.cache_root)
-        progress = resume(run, folder)
-        fit(run, progress, folder)
-        return finish(run, progress, check, paths)
+        with torch_threads(cfg.threads):
+            run = prepare(cfg, paths, d)
+            build(run)
+            check = check_memory(run)
+            key = state_key(asdict(cfg), NOT_IN_KEY, dataset_digest(paths.merged), run.info.to_dict(),
+                            code_digest("draftline.core", "draftline.drafter", "draftline.train"))
+            folder = scratch_dir("train", key, paths.cache_root)
+            progress = resume(run, folder)
+            fit(run, progress, folder)
+            return finish(run, progress, check, paths, started)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -366,7 +369,7 @@ def checkpoint_dtype(info: TargetInfo) -> torch.dtype:
     return dtype
 
 
-def finish(run: Run, progress: Progress, check: Preflight, paths: Paths) -> dict[str, Any]:
+def finish(run: Run, progress: Progress, check: Preflight, paths: Paths, started: float) -> dict[str, Any]:
     """The metrics; on rank 0 also the checkpoint, the loss curve and metrics/train.json."""
     cfg, plan, history = run.cfg, run.plan, progress.history
     tail = history[-max(1, len(history) // 10):]
@@ -388,6 +391,7 @@ def finish(run: Run, progress: Progress, check: Preflight, paths: Paths) -> dict
         "target_layer_ids": list(run.drafter.target_layer_ids),
         "block_size": cfg.block_size,
         "preflight": check.as_dict(),
+        "stage_seconds": round(time.perf_counter() - started, 2),
     }
     if run.d.main:
         # Saved in the target's dtype (fp32 master weights stay in the resumable states): servers and z-lab's

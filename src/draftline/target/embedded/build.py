@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from draftline.core.chat import render
 from draftline.core.logs import get_logger
 from draftline.core.records import Conversation
 from draftline.core.skips import Skips
+from draftline.core.threads import torch_threads
 from draftline.target.embedded.params import EmbeddedParams
 from draftline.target.embedded.tokenizer import EOS, PAD, render_corpus, train_tokenizer
 
@@ -46,19 +46,6 @@ class EmbeddedBuild:
     metrics: dict[str, Any]
     loss_curve: list[dict[str, Any]]
     samples: list[dict[str, str]]
-
-
-@contextmanager
-def _deterministic_torch(threads: int):
-    """Fixed thread count and deterministic kernels for the build, restored afterwards (tests share a process)."""
-    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old_threads)
-        torch.use_deterministic_algorithms(old_det)
 
 
 IGNORE = -100  # label of padding: no loss
@@ -193,7 +180,7 @@ def build_embedded_target(
     corpus_tokens = sum(int((labels != IGNORE).sum()) for _, labels in packed.values())
     log.info("corpus: %d conversations, %d tokens, %d sources", len(texts), corpus_tokens, len(packed))
 
-    with _deterministic_torch(spec.threads):
+    with torch_threads(spec.threads, deterministic=True):
         torch.manual_seed(seed)
         config = _model_config(spec, tok)
         model = Qwen3ForCausalLM(config)
