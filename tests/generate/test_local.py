@@ -108,3 +108,27 @@ def test_local_thinking_and_truncation_accounting(tmp_path, embedded_target):
 
 def read_rows_from(tmp_path):
     return [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*")) for line in open(p)]
+
+
+def test_same_bytes_under_thread_pressure(tmp_path, embedded_target, monkeypatch):
+    """Two local runs with two threads, the second beside processes that keep both cores busy: the completions are
+    byte-identical (issue 12: a float stage must not depend on how loaded the machine is)."""
+    import subprocess
+    import sys
+
+    prompts = _prompts(9)
+    params = {**LOCAL, "local": {**LOCAL["local"], "threads": 2}}
+    outs = []
+    for name, spin in (("quiet", 0), ("busy", 2)):
+        folder = tmp_path / name
+        write_jsonl(folder / "train.jsonl", prompts)
+        monkeypatch.setenv("DRAFTLINE_CACHE", str(folder / "cache"))  # its own journal: nothing is resumed
+        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spin)]
+        try:
+            _run(folder, embedded_target, params)
+        finally:
+            for p in spinners:
+                p.kill()
+                p.wait()
+        outs.append({p.name: p.read_bytes() for p in sorted((folder / "out").iterdir())})
+    assert outs[0] == outs[1]

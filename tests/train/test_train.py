@@ -252,3 +252,22 @@ def test_a_full_disk_fails_naming_the_state_leaves_nothing_then_the_rerun_gives_
     train(cfg, paths)
     for name in ("model.safetensors", "config.json"):
         assert (paths.checkpoint / name).read_bytes() == (ref / "data/checkpoints" / name).read_bytes()
+
+
+def test_same_bytes_under_thread_pressure(tmp_path, workdir):
+    """Two runs, the second beside processes that keep both cores busy: the checkpoint is byte-identical (issue 12:
+    float stages must be reproducible on one machine however loaded it is). Two threads, the case that can differ."""
+    cfg = S.train_params(max_steps=12, save_every=100, threads=2)
+    quiet = _copy_inputs(workdir, tmp_path / "quiet")
+    train(cfg, S.paths(quiet))
+    busy = _copy_inputs(workdir, tmp_path / "busy")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        train(cfg, S.paths(busy))
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    for name in ("model.safetensors", "config.json"):
+        assert (busy / "data/checkpoints" / name).read_bytes() == (quiet / "data/checkpoints" / name).read_bytes()
+    assert (busy / "plots/train_loss.csv").read_text() == (quiet / "plots/train_loss.csv").read_text()
