@@ -1,7 +1,7 @@
 """Fault campaign: kill every stage with SIGKILL at seeded random points, rerun ``dvc repro``, compare with a clean run.
 
-On the embedded default shrunk as the pipeline test shrinks it (tests/project_clone.py, training states every 10
-steps so that a kill can land between two), in a temporary git + DVC clone of this repository:
+On the embedded default shrunk as the pipeline test shrinks it (tests/project_clone.py; training 120 steps with a
+state every 20, so that kills land between states), in a temporary git + DVC clone of this repository:
 
 1. ``dvc repro`` once: the reference outputs;
 2. per stage, one forced uninterrupted rerun (``dvc repro -f -s <stage>``), timed: it must reproduce the reference
@@ -52,7 +52,7 @@ from project_clone import SHRINK, make_project, ran, run
 STAGES = ("sources", "conversations", "target", "prompts", "generate", "tokenize", "merge", "train", "evaluate")
 # Where a stage keeps progress between runs (core.scratch): emptied before each of its runs.
 SCRATCH = {"generate": "generate", "train": "train"}
-CAMPAIGN = {"train": {"save_every": 10}}
+CAMPAIGN = {"train": {"max_steps": 120, "save_every": 20}}
 
 
 def stage_names(root: Path) -> dict[str, str]:

@@ -5,10 +5,14 @@ A wrong tokenizer does not crash training: every token id silently means another
 only on evidence (its ``draftline.json`` fingerprint, or for a legacy folder the tokenizer it names) and the
 evidence is then tested: a sample of its rows must decode and re-encode to the same ids under the target's
 tokenizer, which no other vocabulary survives.
+
+Whatever reads tokens here reads them a piece at a time (:data:`PIECE_ROWS` rows of a record batch): memory stays
+bounded by a piece, never by a shard or by the new data (numpy copies of every token cost ~19 bytes a token).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +30,7 @@ PROMPT_KEY_PREFIX = "prompt-xxh3:"
 # The source recorded for legacy rows that carry no `source` column.
 LEGACY_SOURCE = "legacy"
 _INT32_MAX = np.iinfo(np.int32).max
+PIECE_ROWS = 1024
 
 
 class MergeGuardError(ValueError):
@@ -122,11 +127,18 @@ def check_values(table: pa.Table, plan: CastPlan, where: str, vocab_size: int | 
     for name in ("id", "source"):
         if name in table.column_names and table.column(name).null_count:
             raise MergeGuardError(f"{where}: column {name!r} has missing values")
-    offsets, _, flat_mask = flat_tokens(table)
-    cum_loss = np.concatenate([[0], np.cumsum(flat_mask, dtype=np.int64)])
-    for name, counts in (("num_tokens", np.diff(offsets)), ("num_loss_tokens", np.diff(cum_loss[offsets]))):
-        if name in table.column_names and not np.array_equal(table.column(name).to_numpy(), counts):
-            raise MergeGuardError(f"{where}: column {name!r} disagrees with the tokens it counts; drop it or fix it")
+    for piece in pieces(table):
+        offsets, _, flat_mask = flat_tokens(piece)
+        cum_loss = np.concatenate([[0], np.cumsum(flat_mask, dtype=np.int64)])
+        for name, counts in (("num_tokens", np.diff(offsets)), ("num_loss_tokens", np.diff(cum_loss[offsets]))):
+            if name in piece.column_names and not np.array_equal(piece.column(name).to_numpy(), counts):
+                raise MergeGuardError(f"{where}: column {name!r} disagrees with the tokens it counts; drop it or fix it")
+
+
+def pieces(table: pa.Table) -> Iterator[pa.Table]:
+    """``table`` as zero-copy tables of at most :data:`PIECE_ROWS` rows, in order."""
+    for batch in table.to_batches(max_chunksize=PIECE_ROWS):
+        yield pa.Table.from_batches([batch])
 
 
 def flat_tokens(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -144,13 +156,16 @@ def prompt_keys(table: pa.Table) -> list[str]:
 
     It identifies a prompt across datasets that have no shared ids, e.g. a legacy base and new rows.
     """
-    offsets, tokens, mask = flat_tokens(table)
-    starts = offsets[:-1]
-    masked = np.append(np.flatnonzero(mask), offsets[-1])
-    # First masked position at or after each row's start; past the row's end means the row is all prompt.
-    first = np.minimum(masked[np.searchsorted(masked, starts)], offsets[1:])
-    buf = tokens.astype("<i4", copy=False).tobytes()
-    return [PROMPT_KEY_PREFIX + xxhash.xxh3_128_hexdigest(buf[4 * s : 4 * e]) for s, e in zip(starts, first)]
+    keys: list[str] = []
+    for piece in pieces(table):
+        offsets, tokens, mask = flat_tokens(piece)
+        starts = offsets[:-1]
+        masked = np.append(np.flatnonzero(mask), offsets[-1])
+        # First masked position at or after each row's start; past the row's end means the row is all prompt.
+        first = np.minimum(masked[np.searchsorted(masked, starts)], offsets[1:])
+        tokens = tokens.astype("<i4", copy=False)  # hashed as little-endian int32 on every machine
+        keys += [PROMPT_KEY_PREFIX + xxhash.xxh3_128_hexdigest(tokens[s:e]) for s, e in zip(starts, first)]
+    return keys
 
 
 def apply_casts(table: pa.Table, plan: CastPlan, keys: list[str] | None = None) -> pa.Table:
