@@ -97,6 +97,18 @@ def test_a_full_disk_fails_naming_the_output_leaves_nothing_then_the_rerun_gives
     assert file_hashes(out) == reference
 
 
+def test_a_draftline_base_is_checked_against_the_vocabulary_from_its_recorded_ranges(world):
+    root, info = world[0], world[1]
+    base = root / "data/bases/r1"
+    meta = fmt.read_meta(base)
+    assert all(0 <= s.token_id_min <= s.token_id_max < info.vocab_size for s in meta.shards)
+    # What a base made with a larger vocabulary records (its checksums still match: nothing else changed).
+    meta.shards[1].token_id_max = info.vocab_size + 7
+    fmt.write_meta(base, meta)
+    with pytest.raises(MergeGuardError, match=rf"{meta.shards[1].filename} holds token ids in \[\d+, {info.vocab_size + 7}\]"):
+        merge(root, base=str(base))
+
+
 def test_carried_shards_keep_their_verified_checksums(world):
     root = world[0]
     merge(root, base=str(root / "data/bases/r1"))

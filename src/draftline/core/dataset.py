@@ -98,6 +98,10 @@ class ShardInfo:
     num_bytes: int
     # xxh3-128 of the file's bytes; None only in folders written by draftline before checksums were recorded.
     xxh3_128: str | None = None
+    # The smallest and largest token id in the shard (None when empty or not recorded): a merge checks a base
+    # against the target's vocabulary from these, without reading a token.
+    token_id_min: int | None = None
+    token_id_max: int | None = None
 
 
 class CorruptShardError(ValueError):
@@ -190,6 +194,12 @@ def build_table(
     )
 
 
+def token_id_range(table: pa.Table) -> dict[str, int | None]:
+    """``{"token_id_min", "token_id_max"}`` of a table's ``input_ids`` (None for a table without tokens)."""
+    lo, hi = pc.min_max(pc.list_flatten(table.column("input_ids"))).values()
+    return {"token_id_min": lo.as_py(), "token_id_max": hi.as_py()}
+
+
 def empty_table() -> pa.Table:
     return SCHEMA.empty_table()
 
@@ -277,6 +287,7 @@ class ShardWriter:
                 num_loss_tokens=int(pc.sum(table.column("num_loss_tokens")).as_py() or 0),
                 num_bytes=path.stat().st_size,
                 xxh3_128=file_xxh3_128(path),
+                **token_id_range(table),
             )
         )
         self._pending, self._pending_bytes = [], 0

@@ -70,6 +70,7 @@ def open_part(
         fmt.read_meta(folder)  # raises its clear "not a draftline dataset" error
     if meta is not None:
         fmt.verify_shards(folder, meta)
+        check_recorded_ids(meta, where, vocab_size)
     files = fmt.shard_files(folder)
     fingerprint = json.loads((folder / "state.json").read_text(encoding="utf-8")).get("_fingerprint") or ""
     tables = fmt.mapped_shards(folder, files)
@@ -87,6 +88,15 @@ def open_part(
     return Part(folder, where, meta, files, tables, plan, fingerprint)
 
 
+def check_recorded_ids(meta: fmt.DatasetMeta, where: str, vocab_size: int | None) -> None:
+    """A draftline dataset's token ids against the target's vocabulary, from the ranges its shards record: the
+    check :func:`check_values` makes on a legacy base, at no cost (a draftline base is never rescanned)."""
+    for s in meta.shards:
+        if vocab_size and s.token_id_max is not None and (s.token_id_max >= vocab_size or s.token_id_min < 0):
+            raise MergeGuardError(f"{where}/{s.filename} holds token ids in [{s.token_id_min}, {s.token_id_max}], "
+                                  f"outside the target's vocabulary [0, {vocab_size - 1}]: made with another tokenizer?")
+
+
 def shard_info(table: pa.Table, path: Path, recorded: fmt.ShardInfo | None) -> fmt.ShardInfo:
     """The info of a carried shard: its source's verified record when it has one (so nothing is hashed again),
     else counted and hashed here."""
@@ -99,6 +109,7 @@ def shard_info(table: pa.Table, path: Path, recorded: fmt.ShardInfo | None) -> f
         num_loss_tokens=int(pc.sum(table.column("num_loss_tokens")).as_py() or 0),
         num_bytes=path.stat().st_size,
         xxh3_128=file_xxh3_128(path),
+        **fmt.token_id_range(table),
     )
 
 
