@@ -16,6 +16,7 @@ from draftline.core import dataset as dataset_format
 from draftline.core.files import DiskFullError
 from draftline.core.fingerprint import template_sha256, tokenizer_fingerprint
 from draftline.core.records import TargetInfo, dumps
+from draftline.core.skips import SkipError
 from draftline.tokenize.loss_mask import Example, MaskBuilder
 from draftline.tokenize.params import TokenizeParams
 from draftline.tokenize.stage import run_tokenize
@@ -268,7 +269,12 @@ def write_completions(folder: Path, n: int = 36) -> None:
     (folder / "part-00001.jsonl").write_text("\n".join(lines[half:]) + "\n")
 
 
+# write_completions' three bad lines, one per reason, are 2.6% of its 39: more than the default share allows.
+FIXTURE_SHARE = 0.05
+
+
 def run(tmp: Path, comp: Path, target: Path, name: str, **params):
+    params.setdefault("max_skip_share", FIXTURE_SHARE)
     out = tmp / name
     metrics = run_tokenize(comp, target, out / "tokenized", out / "m.json", out / "seq_len.csv", tokenize_params(**params))
     return out, metrics
@@ -319,7 +325,7 @@ def test_a_full_disk_fails_naming_the_output_leaves_nothing_then_the_rerun_gives
 
     def tokenize():
         return run_tokenize(comp, target, out, tmp_path / "m.json", tmp_path / "seq_len.csv",
-                            tokenize_params(max_len=512))
+                            tokenize_params(max_len=512, max_skip_share=FIXTURE_SHARE))
 
     with pytest.raises(DiskFullError, match=r"tokenized"):
         tokenize()
@@ -327,6 +333,18 @@ def test_a_full_disk_fails_naming_the_output_leaves_nothing_then_the_rerun_gives
     disk.grow(1 << 20)
     tokenize()
     assert folder_bytes(out) == folder_bytes(ref / "tokenized")
+
+
+def test_one_reason_over_the_share_stops_the_stage_naming_it_and_writes_nothing(qwen3_tokenizer_dir, tmp_path):
+    comp = tmp_path / "completions"
+    write_completions(comp)
+    target = target_dir(qwen3_tokenizer_dir, tmp_path)
+    with pytest.raises(SkipError, match=r"of 39 rows .* for 'too_long', more than tokenize.max_skip_share \(0.05\) "
+                                        r"allows: raise tokenize.max_len \(40"):
+        run(tmp_path, comp, target, "short", max_len=40)
+    assert not (tmp_path / "short" / "tokenized").exists()
+    _, m = run(tmp_path, comp, target, "ok", max_len=40, max_skip_share=1.0)  # the loss accepted: counted, written
+    assert m["skips"]["too_long"] > 2
 
 
 def test_turns_all_one_row_per_assistant_turn(qwen3_tokenizer_dir, tmp_path):

@@ -271,3 +271,18 @@ def test_same_bytes_under_thread_pressure(tmp_path, workdir):
     for name in ("model.safetensors", "config.json"):
         assert (busy / "data/checkpoints" / name).read_bytes() == (quiet / "data/checkpoints" / name).read_bytes()
     assert (busy / "plots/train_loss.csv").read_text() == (quiet / "plots/train_loss.csv").read_text()
+
+
+def test_rows_unable_to_train_over_the_share_stop_the_stage_naming_the_param(tmp_path):
+    from draftline.core.skips import SkipError
+
+    S.make_target(tmp_path)
+    rows = S.make_rows(40)
+    for m in rows["loss_mask"][:4]:  # 10% of the rows with nothing supervised
+        m[:] = [False] * len(m)
+    S.make_merged(tmp_path, rows)
+    with pytest.raises(SkipError, match=r"4 of 40 rows .* 'no two consecutive supervised tokens', more than "
+                                        r"train.max_skip_share \(0.01\)"):
+        train(S.train_params(), S.paths(tmp_path))
+    metrics = train(S.train_params(max_steps=2, max_skip_share=0.2), S.paths(tmp_path))
+    assert metrics["rows_skipped"] == {"no two consecutive supervised tokens": 4} and metrics["rows"] == 36

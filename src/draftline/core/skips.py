@@ -1,4 +1,9 @@
-"""Counting rows that are skipped, with their reason, instead of stopping or silently dropping them."""
+"""Counting rows that are skipped, with their reason, instead of stopping or silently dropping them.
+
+A count is not enough when a reason takes a large share of the rows: that is a setting at odds with the data
+(36% of the rows over a length cap), not a few bad rows, and a run that "succeeds" has silently lost them.
+:meth:`Skips.check_share` turns that into an error naming the reason, the count and the param to change.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +37,17 @@ class Skips:
             self.logger.warning(msg)
         elif self.counts[reason] == self.log_first + 1:
             self.logger.warning("more rows skipped for %r; see the metrics for the count", reason)
+
+    def check_share(self, rows_in: int, max_share: float, param: str, hints: dict[str, str] | None = None) -> None:
+        """Raise :class:`SkipError` when one reason skipped more than ``max_share`` of ``rows_in`` rows. ``param``
+        names the share's setting; ``hints`` the setting to change for a reason (e.g. a length cap)."""
+        for reason, n in sorted(self.counts.items()):
+            if rows_in and n > max_share * rows_in:
+                fix = (hints or {}).get(reason) or "fix the rows' cause (the log names the first ones)"
+                raise SkipError(
+                    f"{n} of {rows_in} rows ({100 * n / rows_in:.1f}%) were skipped for {reason!r}, more than "
+                    f"{param} ({max_share:g}) allows: {fix}, or raise {param} to accept the loss"
+                )
 
     def as_dict(self) -> dict[str, int]:
         return dict(sorted(self.counts.items()))

@@ -16,12 +16,15 @@ class TokenizeParams(Params):
     turns: Literal["last", "all"]
     max_len: int
     overflow: Literal["drop", "truncate"]
+    max_skip_share: float
     workers: int
     chunk_rows: int
     max_shard_mb: int
     strict: bool
 
     def validate(self, where: str) -> None:
+        if not 0.0 <= self.max_skip_share <= 1.0:
+            raise ParamsError(f"params.yaml: {where}.max_skip_share must be in [0, 1], got {self.max_skip_share}")
         if self.max_len < 2 or self.chunk_rows < 1 or self.max_shard_mb < 1 or self.workers < 0:
             raise ParamsError(f"params.yaml: {where}: max_len must be >= 2, chunk_rows and max_shard_mb >= 1, "
                               "workers >= 0 (0 = all cores)")

@@ -35,7 +35,8 @@ HISTOGRAM_BINS = 64
 
 
 def histogram(num_tokens: np.ndarray, max_len: int) -> list[dict[str, int]]:
-    """Rows per length bin (``seq_len`` is the bin's lower edge; the last bin holds ``max_len`` too)."""
+    """Rows per length bin up to ``max_len`` (``seq_len`` is the bin's lower edge; the last bin holds ``max_len``
+    too). The stage passes the longest row's length: ``tokenize.max_len`` is only a sanity cap."""
     width = max(1, -(-max_len // HISTOGRAM_BINS))
     bins = np.minimum(num_tokens // width, HISTOGRAM_BINS - 1)
     counts = np.bincount(bins, minlength=HISTOGRAM_BINS) if len(num_tokens) else np.zeros(HISTOGRAM_BINS)
@@ -80,6 +81,11 @@ def row_tables(paths: list[Path], info: TargetInfo, tokenizer: Any, params: Toke
         bar.update(res.table.num_rows)
         yield res.table
     bar.close()
+    # Before write_dataset publishes the folder: a refused run leaves no output behind.
+    rows_in = sum(len(n) for n in tally.num_tokens) + tally.skips.total
+    tally.skips.check_share(rows_in, params.max_skip_share, "tokenize.max_skip_share",
+                            {"too_long": f"raise tokenize.max_len ({params.max_len}: a sanity cap; training cuts "
+                                         "rows to train.max_length itself)"})
     meta.enable_thinking = tally.enable_thinking()
 
 
@@ -145,6 +151,6 @@ def run_tokenize(
     metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
     write_json(metrics_path, metrics)
     nt, _, _ = tally.arrays()
-    write_csv(plot_path, histogram(nt, params.max_len), ["seq_len", "rows"])
+    write_csv(plot_path, histogram(nt, int(nt.max()) if len(nt) else params.max_len), ["seq_len", "rows"])
     log_summary(metrics, meta, time.perf_counter() - started)
     return metrics

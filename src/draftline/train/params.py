@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from draftline.core.params import Params, ParamsError
 
 # Params that change how a run is watched or checked, not the weights it produces: left out of the state key.
-NOT_IN_KEY = ("save_every", "log_every", "memory_limit_gb")
+NOT_IN_KEY = ("save_every", "log_every", "memory_limit_gb", "max_skip_share")
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class TrainParams(Params):
     save_every: int
     log_every: int
     strict: bool
+    max_skip_share: float
 
     def validate(self, where: str) -> None:
         if self.block_size < 2 or self.drafter_layers < 1 or self.anchors_per_seq < 1:

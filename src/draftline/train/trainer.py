@@ -164,6 +164,9 @@ def prepare(cfg: TrainParams, paths: Paths, d: Dist) -> Run:
         dataset, order, max_length=cfg.max_length, max_tokens_per_batch=cfg.max_tokens_per_batch,
         seed=cfg.seed, world_size=d.world, skips=skips,
     )
+    skips.check_share(len(order), cfg.max_skip_share, "train.max_skip_share", {
+        "no two consecutive supervised tokens": f"raise train.max_length ({cfg.max_length}) if the cut falls before "
+                                                "the rows' replies, else check the tokenize stage's loss masks"})
     steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.epochs * plan.steps_per_epoch))
     return Run(cfg, d, info, meta, dataset, plan, steps, skips)
 
