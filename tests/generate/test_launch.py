@@ -26,9 +26,11 @@ def test_sglang_command_line():
     cmd = sglang_command("/dev/shm/Qwen3-8B", launch(dp_size=8, port=31000, extra_args=["--mem-fraction-static", "0.85"]),
                          True, "python")
     assert cmd == ["python", "-m", "sglang.launch_server", "--model-path", "/dev/shm/Qwen3-8B", "--host", "127.0.0.1",
-                   "--port", "31000", "--dp-size", "8", "--reasoning-parser", "qwen3", "--mem-fraction-static", "0.85"]
+                   "--port", "31000", "--dp-size", "8", "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25",
+                   "--mem-fraction-static", "0.85"]
     off = sglang_command("/m", launch(tp_size=2), False, "python")
-    assert "--reasoning-parser" not in off and off[-2:] == ["--tp-size", "2"] and "--dp-size" not in off
+    assert "--reasoning-parser" not in off and "--dp-size" not in off
+    assert off[-4:] == ["--tp-size", "2", "--tool-call-parser", "qwen25"]
     assert launch_env(launch(gpus=[0, 3]))["CUDA_VISIBLE_DEVICES"] == "0,3"
     assert launch_env(launch(gpus="4,5"))["CUDA_VISIBLE_DEVICES"] == "4,5"
 

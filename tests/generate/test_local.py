@@ -132,3 +132,42 @@ def test_same_bytes_under_thread_pressure(tmp_path, embedded_target, monkeypatch
                 p.wait()
         outs.append({p.name: p.read_bytes() for p in sorted((folder / "out").iterdir())})
     assert outs[0] == outs[1]
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "d",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("text,content,calls", [
+    ("It is sunny.", "It is sunny.", []),
+    ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     "Let me look.", [("get_weather", '{"city": "Paris"}')]),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>',
+     "", [("get_weather", '{"city": "Zürich"}'), ("get_weather", "{}")]),
+    ('<tool_call>\n{"name": "launch_rocket", "arguments": {}}\n</tool_call>', "", []),  # not an offered tool
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>', "", []),  # JSON that does not parse
+    ('Sure.<tool_call>\n{"name": "get_weather", "argu', "Sure.", []),  # cut by max_tokens: no closing tag
+])
+def test_tool_calls_are_taken_from_the_text_as_sglang_qwen25_parser_takes_them(text, content, calls):
+    from draftline.generate.tool_calls import split_tool_calls
+
+    got_content, got_calls = split_tool_calls(text, [TOOL])
+    assert got_content == content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls] == calls
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in got_calls)
+    assert split_tool_calls(text, None) == (text, [])  # no tools offered: text stays text
+    assert split_tool_calls(text, [TOOL]) == (got_content, got_calls)  # ids derived from the reply: same bytes
+
+
+def test_a_reply_that_calls_a_tool_carries_tool_calls_and_finishes_as_the_server_says(embedded_target):
+    from draftline.core.target import load_target
+    from draftline.generate.local import LocalBackend
+
+    s = gen_params(LOCAL)
+    backend = LocalBackend(load_target(embedded_target), s.sampling, False, s.local)
+    reply = 'On it.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    r = backend._result(reply, "<prompt>", [TOOL], "stop", 10, 20)
+    assert r.finish_reason == "tool_calls" and r.message["content"] == "On it."
+    assert r.message["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert backend._result(reply, "<prompt>", None, "stop", 10, 20).message == {"role": "assistant", "content": reply}

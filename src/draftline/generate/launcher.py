@@ -32,6 +32,9 @@ def sglang_command(model_path: str, launch: LaunchParams, enable_thinking: bool,
     if enable_thinking:
         # Without it SGLang returns the reasoning inside `content`; with it, apart as `reasoning_content`.
         cmd += ["--reasoning-parser", "qwen3"]
+    # Without it SGLang leaves a Qwen3 tool call in `content` as text; with it the reply carries `tool_calls`,
+    # which the tokenize stage renders back through the template (and the local backend parses the same way).
+    cmd += ["--tool-call-parser", "qwen25"]
     cmd += [str(a) for a in launch.extra_args]
     return cmd
 

@@ -3,7 +3,8 @@
 It renders every prompt with the one render (:func:`draftline.core.chat.render`), as SGLang renders a request
 (the target's own template, the tools, the run's ``chat_template_kwargs``, the generation prompt), decodes
 with special tokens skipped as SGLang does by default, and splits reasoning from the answer at ``</think>``
-the way SGLang's ``qwen3`` reasoning parser does, so a record looks the same whichever backend made it.
+the way SGLang's ``qwen3`` reasoning parser does, and takes tool calls out of the answer as its ``qwen25`` tool-call
+parser does (:mod:`draftline.generate.tool_calls`), so a record looks the same whichever backend made it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from draftline.core.records import Message, TargetInfo, Tool
 from draftline.core.target import load_model, load_tokenizer
 from draftline.generate.openai_client import ChatResult
 from draftline.generate.params import LocalParams
+from draftline.generate.tool_calls import split_tool_calls
 
 
 def split_reasoning(text: str, think_start: str, think_end: str, in_reasoning: bool) -> tuple[str | None, str]:
@@ -83,25 +85,29 @@ class LocalBackend:
         with torch.no_grad():
             out = self.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=gen)
         results = []
-        for row, prompt_ids, text in zip(out[:, width:].tolist(), ids, texts):
+        for row, prompt_ids, text, (_, tools) in zip(out[:, width:].tolist(), ids, texts, requests):
             n, finish = len(row), "length"
             for i, tok in enumerate(row):
                 if tok in self.stop_ids:
                     n, finish = i + 1, "stop"
                     break
             reply = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            results.append(self._result(reply, text, finish, len(prompt_ids), n))
+            results.append(self._result(reply, text, tools, finish, len(prompt_ids), n))
         return results
 
-    def _result(self, reply: str, prompt_text: str, finish: str, n_prompt: int, n_out: int) -> ChatResult:
+    def _result(self, reply: str, prompt_text: str, tools: list[Tool] | None, finish: str, n_prompt: int,
+                n_out: int) -> ChatResult:
         message: dict[str, Any] = {"role": "assistant"}
+        content, reasoning = reply, None
         if self.enable_thinking:
             opened = prompt_text.rstrip().endswith(self.think_start)
             reasoning, content = split_reasoning(reply, self.think_start, self.think_end, opened)
-            message["content"] = content
-            if reasoning:
-                message["reasoning_content"] = reasoning
-        else:
-            message["content"] = reply
+        content, calls = split_tool_calls(content, tools)
+        message["content"] = content
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = calls
+            finish = "tool_calls" if finish == "stop" else finish  # as the server reports a reply that calls tools
         return ChatResult(message=message, finish_reason=finish,
                           usage={"prompt_tokens": n_prompt, "completion_tokens": n_out})
