@@ -41,6 +41,12 @@ def target_info(path: str = "/models/fake-qwen3") -> TargetInfo:
                       mask_token_id=151660, vocab_size=151669, model_fingerprint="model-fp")
 
 
+def sglang_params(url: str | list[str], **kw: Any) -> dict[str, Any]:
+    """generate params for the sglang backend against ``url`` (or several), with quick retries."""
+    return {"backend": "sglang", "endpoints": [url] if isinstance(url, str) else url, "concurrency": 4,
+            "shard_size": 4, "max_tokens": 32, "retries": 3, "backoff_s": 0.01, "backoff_max_s": 0.05, **kw}
+
+
 def full(params: dict[str, Any]) -> dict[str, Any]:
     """``params`` over params.yaml's generate section (nested ``local`` merged): what a user's file would hold."""
     return default_params("generate", **params)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from generate_helpers import gen_params, make_project, make_prompts, read_rows, run_in, shard_bytes
+from generate_helpers import gen_params, make_project, make_prompts, read_rows, run_in, sglang_params, shard_bytes
 from sglang_server import FakeSGLang, reply_for
 
 from draftline.core.params import ParamsError
@@ -22,21 +22,10 @@ from draftline.generate.stage import request_body
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def params(url, **kw):
-    return {"backend": "sglang", "endpoints": [url] if isinstance(url, str) else url, "concurrency": 4,
-            "shard_size": 4, "max_tokens": 32, "retries": 3, "backoff_s": 0.01, "backoff_max_s": 0.05, **kw}
-
-
 def test_exact_outputs_in_prompt_order(tmp_path):
     prompts = make_prompts(10)
     with FakeSGLang() as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url)
         m = run_in(make_project(tmp_path, prompts, p), p)
         served = [r["id"] for r in srv.requests]
     assert sorted(shard_bytes(tmp_path)) == ["failures.jsonl", "part-00000.jsonl", "part-00001.jsonl",
@@ -73,7 +62,7 @@ def test_failures_recorded_then_retried_on_the_next_run(tmp_path):
     bad, flaky = prompts[1].id, prompts[4].id
     faults = {bad: ["400"], flaky: ["503"] * 4}
     with FakeSGLang(faults=faults) as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url)
         m = run_in(make_project(tmp_path, prompts, p), p)
         assert sum(r["id"] == bad for r in srv.requests) == 1  # a 400 is never retried
         assert sum(r["id"] == flaky for r in srv.requests) == 4  # 1 + 3 retries
@@ -92,7 +81,7 @@ def test_truncated_answers_excluded_and_counted(tmp_path):
     prompts = make_prompts(6)
     cut = {prompts[0].id, prompts[3].id}
     with FakeSGLang(truncate=cut) as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url)
         m = run_in(make_project(tmp_path, prompts, p), p)
     assert m["truncated"] == 2 and m["completions"] == 4 and m["per_source"]["alpha"]["truncated"] == 2
     assert cut.isdisjoint(r["id"] for r in read_rows(tmp_path))
@@ -106,7 +95,7 @@ def test_truncated_answers_excluded_and_counted(tmp_path):
 def test_thinking_keeps_reasoning_apart_and_empty_reasoning_fails(tmp_path):
     prompts = make_prompts(3)
     with FakeSGLang() as srv:
-        p = params(srv.url, enable_thinking=True)
+        p = sglang_params(srv.url, enable_thinking=True)
         run_in(make_project(tmp_path, prompts, p), p)
     reply = read_rows(tmp_path)[0]["messages"][-1]
     assert reply["reasoning_content"].startswith("Let me think") and "<think>" not in reply["content"]
@@ -114,7 +103,7 @@ def test_thinking_keeps_reasoning_apart_and_empty_reasoning_fails(tmp_path):
     # A server started without --reasoning-parser leaves the reasoning in `content`: caught as `empty`.
     other = tmp_path / "noparser"
     with FakeSGLang(reasoning_parser=False) as srv:
-        p = params(srv.url, enable_thinking=True, seed=1)
+        p = sglang_params(srv.url, enable_thinking=True, seed=1)
         m = run_in(make_project(other, prompts, p), p)
     assert m["failures"] == {"empty": 3} and m["completions"] == 0
 
@@ -122,7 +111,7 @@ def test_thinking_keeps_reasoning_apart_and_empty_reasoning_fails(tmp_path):
 def test_multi_turn_regenerated_on_the_targets_own_answers(tmp_path):
     prompts = make_prompts(4, multi_turn=2)
     with FakeSGLang() as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url)
         run_in(make_project(tmp_path, prompts, p), p)
         assert len(srv.requests) == 2 * 3 + 2
     rows = read_rows(tmp_path)
@@ -139,7 +128,7 @@ def test_multi_turn_resumes_after_its_last_finished_turn(tmp_path):
     prompts = make_prompts(1, multi_turn=1)
     pid = prompts[0].id
     with FakeSGLang(faults={pid: ["ok", "400"]}) as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url)
         m = run_in(make_project(tmp_path, prompts, p), p)
     assert m["failures"] == {"http_400": 1}
     with FakeSGLang() as srv:
@@ -151,7 +140,7 @@ def test_multi_turn_resumes_after_its_last_finished_turn(tmp_path):
 def test_kill_9_then_rerun_loses_nothing_resends_nothing(tmp_path, cache):
     prompts = make_prompts(40)
     with FakeSGLang() as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url)
         run_in(make_project(tmp_path / "ref", prompts, p), p)
     reference = shard_bytes(tmp_path / "ref")
 
@@ -159,7 +148,7 @@ def test_kill_9_then_rerun_loses_nothing_resends_nothing(tmp_path, cache):
     env = {**os.environ, "DRAFTLINE_CACHE": str(tmp_path / "cache2"), "DRAFTLINE_PARAMS": str(root / "params.yaml"),
            "PYTHONPATH": str(REPO / "src")}
     with FakeSGLang(delay_s=0.05) as srv:
-        p = params(srv.url, concurrency=2)
+        p = sglang_params(srv.url, concurrency=2)
         make_project(root, prompts, p)
         proc = subprocess.Popen([sys.executable, str(REPO / "stages/generate.py")], cwd=root, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -193,7 +182,7 @@ def test_kill_9_then_rerun_loses_nothing_resends_nothing(tmp_path, cache):
 def test_journal_key_follows_what_decides_a_result(tmp_path):
     prompts = make_prompts(2)
     with FakeSGLang() as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url)
         make_project(tmp_path, prompts, p)
         run_in(tmp_path, p)
         run_in(tmp_path, {**p, "concurrency": 8, "retries": 1})  # transport settings: same journal
@@ -212,7 +201,7 @@ def test_servers_behind_an_api_key(tmp_path, monkeypatch, caplog):
     logs, metrics, the journal or its key; a refused key stops the stage at once; an unset variable before any work."""
     prompts = make_prompts(4)
     with FakeSGLang(api_key="s3cret-token") as srv:
-        p = params(srv.url, api_key_env="DRAFTLINE_TEST_API_KEY")
+        p = sglang_params(srv.url, api_key_env="DRAFTLINE_TEST_API_KEY")
         make_project(tmp_path, prompts, p)
         with pytest.raises(ParamsError, match=r"\$DRAFTLINE_TEST_API_KEY, which is unset"):
             run_in(tmp_path, p)
@@ -234,7 +223,7 @@ def test_servers_down_mid_run_stop_the_stage_and_keep_its_progress(tmp_path):
     """The stage stops (it does not write a run of failures); what was journaled is not requested again."""
     prompts = make_prompts(6)
     with FakeSGLang() as srv:
-        p = params(srv.url, retries=1)
+        p = sglang_params(srv.url, retries=1)
         make_project(tmp_path, prompts[:4], p)
         run_in(tmp_path, p)
         url = srv.url

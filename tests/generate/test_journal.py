@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from generate_helpers import gen_params, make_project, make_prompts, read_rows, run_in, shard_bytes
+from generate_helpers import gen_params, make_project, make_prompts, read_rows, run_in, sglang_params, shard_bytes
 from sglang_server import FakeSGLang
 
 from draftline.core.files import DiskFullError
@@ -19,17 +19,6 @@ from draftline.generate.journal import Journal, decode, encode, start_at
 from draftline.generate.stage import run_generate
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def params(url, **kw):
-    return {"backend": "sglang", "endpoints": [url], "concurrency": 2, "shard_size": 8, "max_tokens": 32,
-            "retries": 3, "backoff_s": 0.01, "backoff_max_s": 0.05, **kw}
 
 
 def journal_lines(cache: Path) -> list[bytes]:
@@ -75,7 +64,7 @@ def test_writers_start_apart():
 def test_a_corrupted_result_is_sent_again_and_the_output_is_unchanged(tmp_path, cache):
     prompts = make_prompts(12)
     with FakeSGLang() as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url, concurrency=2, shard_size=8)
         run_in(make_project(tmp_path, prompts, p), p)
     reference = shard_bytes(tmp_path)
     lines = journal_lines(cache)
@@ -95,13 +84,13 @@ def test_two_processes_share_one_journal(tmp_path, cache):
     no id recorded ok twice, both outputs the uninterrupted run's bytes, and the work split between them."""
     prompts = make_prompts(60)
     with FakeSGLang() as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url, concurrency=2, shard_size=8)
         run_in(make_project(tmp_path / "ref", prompts, p), p)
     reference = shard_bytes(tmp_path / "ref")
 
     shared = tmp_path / "shared-cache"
     with FakeSGLang(delay_s=0.15) as srv:
-        p = params(srv.url)
+        p = sglang_params(srv.url, concurrency=2, shard_size=8)
         procs = []
         for name in ("node-a", "node-b"):
             root = make_project(tmp_path / name, prompts, p)
@@ -135,7 +124,7 @@ def test_a_full_disk_stops_the_stage_naming_the_path_then_the_rerun_gives_the_sa
     an output name, and once space is freed the rerun sends only what was lost and writes the same bytes."""
     prompts = make_prompts(40)
     with FakeSGLang() as srv:
-        p = params(srv.url, shard_size=4)
+        p = sglang_params(srv.url, concurrency=2, shard_size=4)
         run_in(make_project(tmp_path / "ref", prompts, p), p)
     reference = shard_bytes(tmp_path / "ref")
     journal_size = len(b"".join(journal_lines(tmp_path / "cache")))

@@ -14,11 +14,6 @@ from draftline.generate.local import split_reasoning
 from draftline.generate.stage import run_generate
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.mark.parametrize("text,forced,expected", [
     ("<think>\nadd 2 and 2\n</think>\n\nIt is 4.", False, ("add 2 and 2\n", "It is 4.")),
     ("It is 4.", False, (None, "It is 4.")),

@@ -104,6 +104,20 @@ class ShardInfo:
     token_id_max: int | None = None
 
 
+    @classmethod
+    def of(cls, table: pa.Table, path: Path) -> "ShardInfo":
+        """The info of shard file ``path`` holding ``table``: counted from the table, hashed from the file."""
+        return cls(
+            filename=path.name,
+            num_rows=table.num_rows,
+            num_tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
+            num_loss_tokens=int(pc.sum(table.column("num_loss_tokens")).as_py() or 0),
+            num_bytes=path.stat().st_size,
+            xxh3_128=file_xxh3_128(path),
+            **token_id_range(table),
+        )
+
+
 class CorruptShardError(ValueError):
     """A shard whose size or bytes differ from what ``draftline.json`` records: never read, always refused."""
 
@@ -279,17 +293,7 @@ class ShardWriter:
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
             for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                 writer.write_batch(batch)
-        self._written.append(
-            ShardInfo(
-                filename=path.name,
-                num_rows=table.num_rows,
-                num_tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
-                num_loss_tokens=int(pc.sum(table.column("num_loss_tokens")).as_py() or 0),
-                num_bytes=path.stat().st_size,
-                xxh3_128=file_xxh3_128(path),
-                **token_id_range(table),
-            )
-        )
+        self._written.append(ShardInfo.of(table, path))
         self._pending, self._pending_bytes = [], 0
 
     def close(self) -> list[ShardInfo]:

@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftline.core import dataset as fmt
-from draftline.core.fingerprint import file_xxh3_128
 from draftline.core.stats import Sources, mix_stats
 from draftline.merge.foreign import export_claim, foreign_format, read_foreign
 from draftline.merge.guards import PROMPT_KEY_PREFIX, CastPlan, MergeGuardError, check_values, plan_casts, prompt_keys
@@ -102,15 +101,7 @@ def shard_info(table: pa.Table, path: Path, recorded: fmt.ShardInfo | None) -> f
     else counted and hashed here."""
     if recorded is not None and recorded.xxh3_128 is not None:
         return fmt.ShardInfo(**{**asdict(recorded), "filename": path.name})
-    return fmt.ShardInfo(
-        filename=path.name,
-        num_rows=table.num_rows,
-        num_tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
-        num_loss_tokens=int(pc.sum(table.column("num_loss_tokens")).as_py() or 0),
-        num_bytes=path.stat().st_size,
-        xxh3_128=file_xxh3_128(path),
-        **fmt.token_id_range(table),
-    )
+    return fmt.ShardInfo.of(table, path)
 
 
 def find_overlap(base_ids: pa.ChunkedArray, new: pa.Table, legacy_keys: list[str]) -> dict[str, np.ndarray]:
