@@ -140,9 +140,14 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "description": "
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>\n'
      '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>',
      "", [("get_weather", '{"city": "Zürich"}'), ("get_weather", "{}")]),
-    ('<tool_call>\n{"name": "launch_rocket", "arguments": {}}\n</tool_call>', "", []),  # not an offered tool
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>', "", []),  # JSON that does not parse
-    ('Sure.<tool_call>\n{"name": "get_weather", "argu', "Sure.", []),  # cut by max_tokens: no closing tag
+    # No call can be taken (not an offered tool, JSON that does not parse, cut by max_tokens): the reply stays text,
+    # so that no token the target generated is lost.
+    *[(t, t, []) for t in ('<tool_call>\n{"name": "launch_rocket", "arguments": {}}\n</tool_call>',
+                           '<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>',
+                           'Sure.<tool_call>\n{"name": "get_weather", "argu')],
+    # A good call beside a bad one: the good one is taken, as the server takes it.
+    ('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
+     '"arguments": {}}\n</tool_call>', "", [("get_weather", "{}")]),
 ])
 def test_tool_calls_are_taken_from_the_text_as_sglang_qwen25_parser_takes_them(text, content, calls):
     from draftline.generate.tool_calls import split_tool_calls

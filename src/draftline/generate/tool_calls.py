@@ -6,6 +6,11 @@ does, the text before the first ``<tool_call>`` stays the content; every complet
 an offered tool becomes an OpenAI ``tool_calls`` entry (arguments re-serialised as a JSON string); a block that does
 not parse, or names no offered tool, is dropped; a block cut by ``max_tokens`` (no closing tag) yields no call. The
 call id is derived from the reply, not random as the server's, so that a rerun gives the same bytes.
+
+One deliberate difference: when no call at all can be taken, the whole reply stays the content. Some SGLang versions
+then return only the text before ``<tool_call>`` (often nothing), and the training row would lose every token the
+target generated; here nothing it generated is lost (measured on the embedded default: 14 of 1,003 replies, all on
+tool prompts, would have become empty).
 """
 
 from __future__ import annotations
@@ -45,4 +50,4 @@ def split_tool_calls(text: str, tools: list[Tool] | None) -> tuple[str, list[dic
             digest = xxhash.xxh3_64_hexdigest(f"{text}\0{len(calls)}".encode())
             calls.append({"id": f"call_{digest}", "type": "function",
                           "function": {"name": obj["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
-    return content, calls
+    return (content, calls) if calls else (text, [])
