@@ -143,6 +143,37 @@ def test_a_damaged_shard_is_refused_by_name(tmp_path, how):
         df.load(tmp_path / "ds")
 
 
+def test_prompt_keys_are_recorded_beside_each_shard_and_read_back(tmp_path):
+    """Every shard gets a sidecar of its rows' prompt keys, checksummed in draftline.json; the shard files stay
+    exactly what datasets reads (no extra column)."""
+    table = rows(300)
+    m = df.write_dataset(tmp_path / "ds", [table], meta(), max_shard_bytes=40_000)
+    assert len(m.shards) > 2 and all(s.keys_xxh3_128 for s in m.shards)
+    for s in m.shards:
+        assert df.keys_path(tmp_path / "ds" / s.filename).stat().st_size == df.KEY_BYTES * s.num_rows
+    keys = df.read_keys(tmp_path / "ds", df.read_meta(tmp_path / "ds"))
+    assert keys.shape == (300, df.KEY_BYTES) and np.array_equal(keys, df.prompt_key_digests(table))
+    # The key is the hash of the tokens before the first supervised one, as little-endian int32.
+    import xxhash
+
+    first = table.slice(7, 1).to_pylist()[0]
+    cut = first["loss_mask"].index(True) if True in first["loss_mask"] else len(first["loss_mask"])
+    assert keys[7].tobytes() == xxhash.xxh3_128_digest(np.array(first["input_ids"][:cut], "<i4").tobytes())
+    assert datasets.load_from_disk(str(tmp_path / "ds")).column_names == list(df.FEATURES)
+
+
+@pytest.mark.parametrize("how", ["truncate", "bitflip", "missing"])
+def test_a_damaged_key_record_is_refused_by_name(tmp_path, how):
+    m = df.write_dataset(tmp_path / "ds", [rows(200)], meta(), max_shard_bytes=40_000)
+    victim = df.keys_path(tmp_path / "ds" / m.shards[1].filename)
+    if how == "missing":
+        victim.unlink()
+    else:
+        corrupt(victim, how)
+    with pytest.raises(df.CorruptShardError, match=victim.name):
+        df.load(tmp_path / "ds")
+
+
 def test_training_set_is_verified_and_named_by_its_metadata(tmp_path):
     m = df.write_dataset(tmp_path / "ds", [rows(50)], meta(), max_shard_bytes=40_000)
     np.save(tmp_path / "ds" / df.ORDER_FILE, df.training_order(m.num_rows, 0))

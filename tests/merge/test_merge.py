@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+import xxhash
 from conftest import default_params
 from merge_support import (
     file_hashes,
@@ -31,7 +32,6 @@ from merge_support import (
 from draftline.core import dataset as fmt
 from draftline.core.dataset import ORDER_FILE, load_training_set
 from draftline.core.files import DiskFullError
-from draftline.merge.carry import dvc_cache_types, hardlink_is_safe
 from draftline.merge.guards import PROMPT_KEY_PREFIX, MergeGuardError
 from draftline.merge.stage import MergeParams, run_merge
 
@@ -225,6 +225,41 @@ def test_legacy_base_needs_a_claim_then_is_cast_and_matched_on_prompt_tokens(wor
     assert m2["base_shards_carried"] > 0
 
 
+def test_a_legacy_base_is_hashed_once_then_its_keys_are_recorded(world):
+    """Round 1 hashes the legacy base's prompts once; the converted shards carry those keys (as ids and in their
+    sidecars), and every shard of the merged set records its keys, so the next round reads them."""
+    root, info, base_rows, _ = world
+    write_legacy(root / "data/bases/legacy", base_rows)
+    merge(root, base=str(root / "data/bases/legacy"), assume_same_tokenizer=True)
+    meta = fmt.read_meta(root / "data/merged")
+    assert all(s.keys_xxh3_128 for s in meta.shards)
+    keys = fmt.read_keys(root / "data/merged", meta)
+    ds = fmt.load(root / "data/merged")
+    assert ds["id"][:40] == [PROMPT_KEY_PREFIX + k.tobytes().hex() for k in keys[:40]]
+    assert np.array_equal(keys[:40], fmt.prompt_key_digests(base_rows))
+    assert all(stat.S_IMODE(fmt.keys_path(root / "data/merged" / s.filename).stat().st_mode) == 0o444
+               for s in meta.shards)
+
+
+def test_overlap_is_found_through_the_recorded_keys(world, tok_dir):
+    """New rows are matched against legacy rows by the keys their shards record, not by hashing their tokens:
+    a key record that names a legacy prompt drops the row although its tokens differ."""
+    root, info, base_rows, _ = world
+    write_legacy(root / "data/bases/legacy", base_rows)
+    fresh = make_rows(tok_dir, [f"z{i}" for i in range(6)], seed=9, source="fresh")
+    meta = write_tokenized(root / "data/tokenized", fresh, info, max_shard_bytes=1 << 20)
+    (shard,) = meta.shards
+    keys = fmt.prompt_key_digests(fresh)
+    keys[[1, 4]] = fmt.prompt_key_digests(base_rows.slice(3, 2))  # rows z1 and z4 claim base prompts 3 and 4
+    sidecar = fmt.keys_path(root / "data/tokenized" / shard.filename)
+    sidecar.write_bytes(keys.tobytes())
+    shard.keys_xxh3_128 = xxhash.xxh3_128_hexdigest(keys.tobytes())
+    fmt.write_meta(root / "data/tokenized", meta)
+    m = merge(root, base=str(root / "data/bases/legacy"), assume_same_tokenizer=True)
+    assert m["overlap"]["dropped_by_prompt_tokens"] == 2 and m["overlap"]["kept"] == 4
+    assert "z1" not in fmt.load(root / "data/merged")["id"]
+
+
 def test_legacy_base_made_with_another_tokenizer_is_caught(world, tmp_path_factory):
     root, _, _, _ = world
     other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380, seed=7)
@@ -361,19 +396,17 @@ def test_carry_reflink_is_refused_clearly_where_the_filesystem_has_none(world):
         assert not (root / "data/merged").exists()
 
 
-def test_auto_never_links_to_a_dvc_cache_that_links_the_workspace(world):
-    """Where DVC's cache.type hardlinks or symlinks, the base's files are cache objects: auto copies them."""
+def test_auto_links_whatever_dvc_cache_type(world):
+    """Under a link cache.type the base's files are cache objects already, and DVC links data/merged to the same
+    objects on commit (a copy would be thrown away): auto links there too, as under DVC's default."""
     root, *_ = world
     (root / ".dvc").mkdir()
-    (root / ".dvc/config").write_text("[cache]\n    type = hardlink,copy\n", encoding="utf-8")
-    assert dvc_cache_types(root / "data/merged") == ["hardlink", "copy"]
-    assert not hardlink_is_safe(root / "data/merged")
-    m = merge(root, base=str(root / "data/bases/r1"))
-    assert m["carried_by"] in ("reflink", "copy") and not any(os.path.samefile(b, o) for b, o in carried_pairs(root))
-    # DVC's default (reflink, copy): the cache holds its own copies, so a hardlink is safe.
-    (root / ".dvc/config").write_text("", encoding="utf-8")
-    assert dvc_cache_types(root / "data/merged") == ["reflink", "copy"] and hardlink_is_safe(root / "data/merged")
-    assert merge(root, base=str(root / "data/bases/r1"))["carried_by"] in ("reflink", "hardlink")
+    for config in ("[cache]\n    type = hardlink,symlink,copy\n", ""):
+        (root / ".dvc/config").write_text(config, encoding="utf-8")
+        m = merge(root, base=str(root / "data/bases/r1"))
+        assert m["carried_by"] in ("reflink", "hardlink")
+        if m["carried_by"] == "hardlink":
+            assert all(os.path.samefile(b, o) for b, o in carried_pairs(root))
 
 
 def test_hardlink_across_filesystems_falls_back_to_a_copy(world):

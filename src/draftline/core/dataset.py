@@ -23,6 +23,13 @@ Corruption is detected, never consumed: ``draftline.json`` records each shard's 
 :func:`verify_shards` checks them wherever a dataset is read as input (merge's new rows and base, training,
 export), refusing a truncated, bit-flipped or swapped shard by name before any row of it is read.
 
+Every shard written here has a sidecar ``data-0000i-of-0000N.keys`` beside it: each row's prompt key
+(:func:`prompt_key_digests`, 16 bytes a row, in row order), its size and xxh3-128 recorded in the shard's
+:class:`ShardInfo` and verified with it. A merge matches new rows against a base by these keys without reading a
+token. A sidecar, not a column: the shard files keep exactly the schema that ``datasets``, SpecForge and
+speculators read, and a shard written before keys were recorded is still the same file (it gains a sidecar,
+hashed once, when it is next carried).
+
 A training set (``data/merged``) adds ``order.npy``, an int64 permutation of its rows (row ``order[k]`` is
 trained k-th): :func:`training_order` makes it, :func:`load_training_set` reads the folder and checks it.
 """
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -75,6 +82,9 @@ MAX_SHARD_BYTES = 500 * 1000 * 1000
 BATCH_ROWS = 1024
 # Bytes a shard spends outside its rows (the schema with its ``huggingface`` metadata, the end-of-stream marker).
 SHARD_HEADER_BYTES = 4096
+# A shard's prompt-key sidecar: its name with this suffix for ``.arrow``; one xxh3-128 digest per row.
+KEYS_SUFFIX = ".keys"
+KEY_BYTES = 16
 
 # Fields of DatasetMeta that must agree before two datasets may be concatenated or trained on together.
 COMPAT_FIELDS = (
@@ -102,11 +112,16 @@ class ShardInfo:
     # against the target's vocabulary from these, without reading a token.
     token_id_min: int | None = None
     token_id_max: int | None = None
-
+    # xxh3-128 of the shard's prompt-key sidecar (:func:`keys_path`); None where none was recorded.
+    keys_xxh3_128: str | None = None
 
     @classmethod
     def of(cls, table: pa.Table, path: Path) -> "ShardInfo":
-        """The info of shard file ``path`` holding ``table``: counted from the table, hashed from the file."""
+        """The info of shard file ``path`` holding ``table``: counted from the table, hashed from the file; its
+        prompt keys are written beside it (:func:`keys_path`) and their checksum recorded."""
+        keys = prompt_key_digests(table).tobytes()
+        with atomic_path(keys_path(path)) as tmp:
+            tmp.write_bytes(keys)
         return cls(
             filename=path.name,
             num_rows=table.num_rows,
@@ -115,6 +130,7 @@ class ShardInfo:
             num_bytes=path.stat().st_size,
             xxh3_128=file_xxh3_128(path),
             **token_id_range(table),
+            keys_xxh3_128=xxhash.xxh3_128_hexdigest(keys),
         )
 
 
@@ -214,6 +230,64 @@ def token_id_range(table: pa.Table) -> dict[str, int | None]:
     return {"token_id_min": lo.as_py(), "token_id_max": hi.as_py()}
 
 
+def pieces(table: pa.Table) -> Iterator[pa.Table]:
+    """``table`` as zero-copy tables of at most :data:`BATCH_ROWS` rows, in order: what reads tokens reads them a
+    piece at a time, so its memory is bounded by a piece (numpy copies cost up to ~19 bytes a token)."""
+    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+        yield pa.Table.from_batches([batch])
+
+
+def flat_tokens(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(offsets, input_ids, loss_mask)`` as numpy: int64 offsets from 0, int32 ids, bool mask."""
+    ids = table.column("input_ids")
+    lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens = pc.list_flatten(ids).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    mask = pc.list_flatten(table.column("loss_mask")).to_numpy(zero_copy_only=False).astype(np.bool_, copy=False)
+    return offsets, tokens, mask
+
+
+def prompt_key_digests(table: pa.Table) -> np.ndarray:
+    """Each row's prompt key, ``(rows, 16)`` uint8: the xxh3-128 digest of its prompt tokens (those before its
+    first supervised token) as little-endian int32 bytes. It identifies a prompt across datasets that share no
+    ids (a legacy base and new rows); ``digest.hex()`` is the hex digest legacy rows get as their id."""
+    out = np.zeros((table.num_rows, KEY_BYTES), np.uint8)
+    row = 0
+    for piece in pieces(table):
+        offsets, tokens, mask = flat_tokens(piece)
+        starts = offsets[:-1]
+        masked = np.append(np.flatnonzero(mask), offsets[-1])
+        # First masked position at or after each row's start; past the row's end means the row is all prompt.
+        first = np.minimum(masked[np.searchsorted(masked, starts)], offsets[1:])
+        tokens = tokens.astype("<i4", copy=False)  # hashed as little-endian int32 on every machine
+        digests = b"".join(xxhash.xxh3_128_digest(tokens[s:e]) for s, e in zip(starts, first))
+        out[row : row + piece.num_rows] = np.frombuffer(digests, np.uint8).reshape(-1, KEY_BYTES)
+        row += piece.num_rows
+    return out
+
+
+def keys_path(shard: str | os.PathLike) -> Path:
+    """The prompt-key sidecar of a shard file: ``data-00000-of-00002.keys`` beside ``data-00000-of-00002.arrow``."""
+    return Path(shard).with_suffix(KEYS_SUFFIX)
+
+
+def rename_shard(folder: Path, info: ShardInfo, name: str) -> None:
+    """Rename a shard file and its sidecar in ``folder``, and its info."""
+    os.replace(folder / info.filename, folder / name)
+    if info.keys_xxh3_128 is not None:
+        os.replace(keys_path(folder / info.filename), keys_path(folder / name))
+    info.filename = name
+
+
+def read_keys(folder: str | os.PathLike, meta: DatasetMeta) -> np.ndarray | None:
+    """Every row's recorded prompt key, ``(rows, 16)`` uint8 in row order, from the shards' sidecars (verified by
+    :func:`verify_shards`); None when a shard has none recorded (written before keys were)."""
+    if any(s.keys_xxh3_128 is None for s in meta.shards):
+        return None
+    parts = [np.fromfile(keys_path(Path(folder) / s.filename), np.uint8) for s in meta.shards]
+    return np.concatenate(parts or [np.zeros(0, np.uint8)]).reshape(-1, KEY_BYTES)
+
+
 def empty_table() -> pa.Table:
     return SCHEMA.empty_table()
 
@@ -304,9 +378,7 @@ class ShardWriter:
             self._flush()
         total = len(self._written)
         for i, info in enumerate(self._written):
-            final = shard_name(i, total, self.prefix)
-            os.replace(self.folder / info.filename, self.folder / final)
-            info.filename = final
+            rename_shard(self.folder, info, shard_name(i, total, self.prefix))
         return self._written
 
 
@@ -373,9 +445,21 @@ def verify_shards(folder: str | os.PathLike, meta: DatasetMeta) -> None:
             unchecked += 1
         elif file_xxh3_128(path) != s.xxh3_128:
             raise CorruptShardError(f"{path}: its bytes do not match the xxh3-128 in {META_FILE}: corrupted. {fix}")
+        if s.keys_xxh3_128 is not None:
+            _verify_keys(keys_path(path), s, fix)
     if unchecked:
         log.warning("%s: %d shard(s) have no recorded checksum (written by an older draftline); sizes checked only",
                     folder, unchecked)
+
+
+def _verify_keys(path: Path, s: ShardInfo, fix: str) -> None:
+    """A shard's prompt-key sidecar against its record: present, one key per row, the recorded xxh3-128."""
+    if not path.is_file():
+        raise CorruptShardError(f"{path} (the prompt keys of {s.filename}) is missing: {fix}")
+    if (size := path.stat().st_size) != KEY_BYTES * s.num_rows:
+        raise CorruptShardError(f"{path} is {size} bytes, {s.num_rows} rows need {KEY_BYTES * s.num_rows}: {fix}")
+    if file_xxh3_128(path) != s.keys_xxh3_128:
+        raise CorruptShardError(f"{path}: its bytes do not match the keys_xxh3_128 in {META_FILE}: corrupted. {fix}")
 
 
 def dataset_digest(folder: str | os.PathLike) -> str:

@@ -6,13 +6,12 @@ only on evidence (its ``draftline.json`` fingerprint, or for a legacy folder the
 evidence is then tested: a sample of its rows must decode and re-encode to the same ids under the target's
 tokenizer, which no other vocabulary survives.
 
-Whatever reads tokens here reads them a piece at a time (:data:`PIECE_ROWS` rows of a record batch): memory stays
+Whatever reads tokens here reads them a piece at a time (:func:`draftline.core.dataset.pieces`): memory stays
 bounded by a piece, never by a shard or by the new data (numpy copies of every token cost ~19 bytes a token).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
-import xxhash
 
-from draftline.core.dataset import SCHEMA, build_table
+from draftline.core.dataset import KEY_BYTES, SCHEMA, build_table, flat_tokens, pieces, prompt_key_digests
 
 # Ids given to legacy rows that had none: the hash of their prompt tokens, so a later round can still match
 # new rows against them (merge.parts.find_overlap looks for this prefix).
@@ -30,7 +28,6 @@ PROMPT_KEY_PREFIX = "prompt-xxh3:"
 # The source recorded for legacy rows that carry no `source` column.
 LEGACY_SOURCE = "legacy"
 _INT32_MAX = np.iinfo(np.int32).max
-PIECE_ROWS = 1024
 
 
 class MergeGuardError(ValueError):
@@ -135,47 +132,32 @@ def check_values(table: pa.Table, plan: CastPlan, where: str, vocab_size: int | 
                 raise MergeGuardError(f"{where}: column {name!r} disagrees with the tokens it counts; drop it or fix it")
 
 
-def pieces(table: pa.Table) -> Iterator[pa.Table]:
-    """``table`` as zero-copy tables of at most :data:`PIECE_ROWS` rows, in order."""
-    for batch in table.to_batches(max_chunksize=PIECE_ROWS):
-        yield pa.Table.from_batches([batch])
+def legacy_ids(digests: np.ndarray) -> list[str]:
+    """The ids legacy rows without one get: :data:`PROMPT_KEY_PREFIX` + the hex of their prompt key."""
+    return [PROMPT_KEY_PREFIX + d.tobytes().hex() for d in digests]
 
 
-def flat_tokens(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(offsets, input_ids, loss_mask)`` as numpy: int64 offsets from 0, int32 ids, bool mask."""
-    ids = table.column("input_ids")
-    lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    tokens = pc.list_flatten(ids).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    mask = pc.list_flatten(table.column("loss_mask")).to_numpy(zero_copy_only=False).astype(np.bool_, copy=False)
-    return offsets, tokens, mask
+def recorded_digests(ids: pa.ChunkedArray) -> np.ndarray:
+    """The prompt keys of the rows whose id is one (legacy rows converted in an earlier round), ``(k, 16)``
+    uint8, chunk by chunk: read from the ids the shards record, never by hashing a token."""
+    parts = [np.zeros((0, KEY_BYTES), np.uint8)]
+    for chunk in ids.chunks:
+        keyed = chunk.filter(pc.starts_with(chunk, PROMPT_KEY_PREFIX))
+        if len(keyed):
+            hexes = pc.utf8_slice_codeunits(keyed, len(PROMPT_KEY_PREFIX)).to_pylist()
+            parts.append(np.frombuffer(bytes.fromhex("".join(hexes)), np.uint8).reshape(-1, KEY_BYTES))
+    return np.concatenate(parts)
 
 
-def prompt_keys(table: pa.Table) -> list[str]:
-    """Each row's prompt key: xxh3-128 of its prompt tokens (those before the first masked one) as int32 bytes.
-
-    It identifies a prompt across datasets that have no shared ids, e.g. a legacy base and new rows.
-    """
-    keys: list[str] = []
-    for piece in pieces(table):
-        offsets, tokens, mask = flat_tokens(piece)
-        starts = offsets[:-1]
-        masked = np.append(np.flatnonzero(mask), offsets[-1])
-        # First masked position at or after each row's start; past the row's end means the row is all prompt.
-        first = np.minimum(masked[np.searchsorted(masked, starts)], offsets[1:])
-        tokens = tokens.astype("<i4", copy=False)  # hashed as little-endian int32 on every machine
-        keys += [PROMPT_KEY_PREFIX + xxhash.xxh3_128_hexdigest(tokens[s:e]) for s, e in zip(starts, first)]
-    return keys
-
-
-def apply_casts(table: pa.Table, plan: CastPlan, keys: list[str] | None = None) -> pa.Table:
+def apply_casts(table: pa.Table, plan: CastPlan, digests: np.ndarray | None = None) -> pa.Table:
     """The table in the draftline schema (after :func:`check_values` passed). A legacy table without ids gets
-    its :func:`prompt_keys` (pass ``keys`` when they are already computed); without sources, ``legacy``."""
+    :func:`legacy_ids` of its prompt keys (pass ``digests`` when they are already computed); without sources,
+    ``legacy``."""
     if plan.identity:
         return table
     offsets, tokens, mask = flat_tokens(table)
     if "id" in plan.derived:
-        ids = keys if keys is not None else prompt_keys(table)
+        ids = legacy_ids(digests if digests is not None else prompt_key_digests(table))
     else:
         ids = table.column("id").to_pylist()
     sources = [LEGACY_SOURCE] * len(table) if "source" in plan.derived else table.column("source").to_pylist()

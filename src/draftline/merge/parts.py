@@ -1,8 +1,8 @@
 """The datasets a merge combines, opened without reading them: Arrow memory maps of their shards, a cast plan,
 the overlap of new rows with the base, and the per-row counts the statistics need.
 
-Nothing here copies a token: the base is read as ids, counts and sources (a few bytes per row), and the rows a
-merge keeps are zero-copy slices.
+Nothing here copies a token: the base is read as ids, counts and sources (a few bytes per row), prompts are
+matched on the keys the shards record (16 bytes a row), and the rows a merge keeps are zero-copy slices.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from draftline.core import dataset as fmt
 from draftline.core.stats import Sources, mix_stats
 from draftline.merge.foreign import export_claim, foreign_format, read_foreign
-from draftline.merge.guards import PROMPT_KEY_PREFIX, CastPlan, MergeGuardError, check_values, plan_casts, prompt_keys
+from draftline.merge.guards import CastPlan, MergeGuardError, check_values, plan_casts
 
 # Length percentiles reported besides the median (tokenize reports p90 only).
 PERCENTILES = (10, 90, 99)
@@ -40,6 +40,8 @@ class Part:
     # Another trainer's format (merge.foreign), and the tokenizer fingerprint its draftline export.json claims.
     foreign: str | None = None
     claimed_fingerprint: str | None = None
+    # Every row's recorded prompt key, (rows, 16) uint8 (verified with the shards); None where none is recorded.
+    keys: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -84,7 +86,8 @@ def open_part(
     if not plan.identity:
         for f, t in zip(files, tables):
             check_values(t, plan, f"{where}/{f}", vocab_size)
-    return Part(folder, where, meta, files, tables, plan, fingerprint)
+    keys = fmt.read_keys(folder, meta) if meta is not None else None
+    return Part(folder, where, meta, files, tables, plan, fingerprint, keys=keys)
 
 
 def check_recorded_ids(meta: fmt.DatasetMeta, where: str, vocab_size: int | None) -> None:
@@ -104,23 +107,32 @@ def shard_info(table: pa.Table, path: Path, recorded: fmt.ShardInfo | None) -> f
     return fmt.ShardInfo.of(table, path)
 
 
-def find_overlap(base_ids: pa.ChunkedArray, new: pa.Table, legacy_keys: list[str]) -> dict[str, np.ndarray]:
+def prompt_keys_of(part: Part, table: pa.Table) -> np.ndarray:
+    """The prompt keys of a part's rows (``table``: its shards as one table): recorded, or else (shards written
+    before keys were recorded) hashed here, a piece at a time."""
+    return part.keys if part.keys is not None else fmt.prompt_key_digests(table)
+
+
+def _key_array(digests: np.ndarray) -> pa.Array:
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(fmt.KEY_BYTES), len(digests), [None, pa.py_buffer(digests)])
+
+
+def find_overlap(base_ids: pa.ChunkedArray, base_keys: np.ndarray, new_ids: pa.ChunkedArray,
+                 new_keys: np.ndarray) -> dict[str, np.ndarray]:
     """Which new rows' prompts the base already holds: ``{"by_id": bool[], "by_prompt": bool[]}``.
 
     Rows are matched on ``id`` (the prompt stage's content id). Legacy base rows have no such id, so they are
-    matched on the hash of their prompt tokens (``legacy_keys``); so are base rows that were legacy in an
-    earlier round (their id is that hash, see ``PROMPT_KEY_PREFIX``).
+    matched on their prompt keys (``base_keys``: hashed once for a legacy base being converted, else read from
+    the ids that converted legacy rows carry, see ``PROMPT_KEY_PREFIX``) against the new rows' (``new_keys``,
+    recorded by the tokenize stage): 16 bytes a row on either side, never a token.
     """
-    new_ids = new.column("id")
     # The hash table holds the new ids and the base's are looked up in it: 4x faster than hashing the base.
     found = base_ids.filter(pc.is_in(base_ids, value_set=new_ids.combine_chunks()))
     by_id = pc.is_in(new_ids, value_set=found.combine_chunks()).to_numpy(zero_copy_only=False)
-    keyed = base_ids.filter(pc.starts_with(base_ids, PROMPT_KEY_PREFIX)).combine_chunks()
-    key_set = pa.concat_arrays([pa.array(legacy_keys, pa.string()), keyed])
-    by_prompt = np.zeros(len(new), dtype=bool)
-    if len(key_set) and len(new):
-        by_prompt = pc.is_in(pa.array(prompt_keys(new), pa.string()), value_set=key_set).to_numpy(zero_copy_only=False)
-        by_prompt &= ~by_id
+    by_prompt = np.zeros(len(new_ids), dtype=bool)
+    if len(base_keys) and len(new_ids):
+        found = pc.is_in(_key_array(new_keys), value_set=_key_array(base_keys))
+        by_prompt = found.to_numpy(zero_copy_only=False) & ~by_id
     return {"by_id": by_id, "by_prompt": by_prompt}
 
 

@@ -36,8 +36,14 @@ from draftline.core.params import Params, ParamsError
 from draftline.core.records import TargetInfo
 from draftline.core.target import load_target, load_tokenizer
 from draftline.merge.carry import Carrier, make_read_only
-from draftline.merge.guards import MergeGuardError, apply_casts, check_reencoded, check_tokenizer_claim, prompt_keys
-from draftline.merge.parts import Counts, Part, find_overlap, kept_rows, open_part, shard_info, stats_of
+from draftline.merge.guards import (
+    MergeGuardError,
+    apply_casts,
+    check_reencoded,
+    check_tokenizer_claim,
+    recorded_digests,
+)
+from draftline.merge.parts import Counts, Part, find_overlap, kept_rows, open_part, prompt_keys_of, shard_info, stats_of
 from draftline.merge.reencode import count_round_trips, start_check
 
 log = get_logger(__name__)
@@ -102,7 +108,7 @@ def _start_reencode(params: MergeParams, base: Part, info: TargetInfo) -> Callab
 
 
 def _write_shards(
-    tmp: Path, base: Part | None, legacy_keys: list[str], new: Part, kept: pa.Table, carrier: Carrier
+    tmp: Path, base: Part | None, legacy_keys: np.ndarray | None, new: Part, kept: pa.Table, carrier: Carrier
 ) -> tuple[list[fmt.ShardInfo], list[pa.Table]]:
     """Stage the base's shards, then the new rows', in ``tmp``; returns their infos (base first) and the
     base's tables as written (for its stats)."""
@@ -116,6 +122,8 @@ def _write_shards(
         for i, (f, t, r) in enumerate(shards):
             dst = tmp / f".{tag}-{i:05d}.arrow"
             carrier.carry(part.folder / f, dst)
+            if r is not None and r.keys_xxh3_128 is not None:
+                carrier.carry(fmt.keys_path(part.folder / f), fmt.keys_path(dst))
             staged.append(shard_info(t, dst, r))
 
     if base is not None and base.plan.identity:
@@ -140,9 +148,7 @@ def _write_shards(
         writer.add(kept)
         staged += writer.close()
     for i, s in enumerate(staged):
-        final = fmt.shard_name(i, len(staged))
-        os.replace(tmp / s.filename, tmp / final)
-        s.filename = final
+        fmt.rename_shard(tmp, s, fmt.shard_name(i, len(staged)))
     return staged, base_tables
 
 
@@ -159,12 +165,14 @@ def _fingerprint(base: Part | None, new: Part, drop: np.ndarray) -> str | None:
 
 @dataclass
 class BaseCheck:
-    """The base opened and judged: its claim, the pending re-encode verdict, its legacy keys and the overlap."""
+    """The base opened and judged: its claim, the pending re-encode verdict, and the prompt keys of its legacy
+    rows, (rows, 16) uint8: hashed once from a legacy base's tokens (they become its rows' ids), or read from the
+    ids of rows converted in an earlier round."""
 
     part: Part
     claim: str
     reencode: Callable[[], dict]
-    legacy_keys: list[str]
+    legacy_keys: np.ndarray
 
 
 def check_base(params: MergeParams, info: TargetInfo, new: Part) -> BaseCheck:
@@ -175,18 +183,26 @@ def check_base(params: MergeParams, info: TargetInfo, new: Part) -> BaseCheck:
     if not base.plan.identity:  # a base to rewrite whole: know the verdict before spending that
         verdict = reencode()
         reencode = lambda: verdict  # noqa: E731
-    legacy_keys = [k for t in base.tables for k in prompt_keys(t)] if base.meta is None else []
+    if base.meta is None:
+        legacy_keys = np.concatenate([fmt.prompt_key_digests(t) for t in base.tables])
+    else:
+        legacy_keys = recorded_digests(base_ids(base))
     return BaseCheck(base, claim, reencode, legacy_keys)
 
 
-def overlap_with(base: BaseCheck | None, new_table: pa.Table) -> dict[str, np.ndarray]:
+def base_ids(base: Part) -> pa.ChunkedArray:
+    """The ``id`` column of every base shard that has one, as one chunked array (memory-mapped)."""
+    chunks = [c for t in base.tables if "id" in t.column_names for c in t.column("id").cast(pa.string()).chunks]
+    return pa.chunked_array(chunks, pa.string())
+
+
+def overlap_with(base: BaseCheck | None, new: Part, new_table: pa.Table) -> dict[str, np.ndarray]:
     """Which new rows the base already holds (see :func:`find_overlap`); none without a base."""
     if base is None:
         none = np.zeros(new_table.num_rows, dtype=bool)
         return {"by_id": none, "by_prompt": none}
-    tables = base.part.tables
-    id_chunks = [c for t in tables if "id" in t.column_names for c in t.column("id").cast(pa.string()).chunks]
-    return find_overlap(pa.chunked_array(id_chunks, pa.string()), new_table, base.legacy_keys)
+    new_keys = prompt_keys_of(new, new_table) if len(base.legacy_keys) else np.zeros((0, fmt.KEY_BYTES), np.uint8)
+    return find_overlap(base_ids(base.part), base.legacy_keys, new_table.column("id"), new_keys)
 
 
 def merged_meta(new: Part, base_counts: Counts | None, base: Part | None, staged: list[fmt.ShardInfo]) -> fmt.DatasetMeta:
@@ -247,15 +263,15 @@ def run_merge(
         )
     new_table = pa.concat_tables(new.tables)
     base = check_base(params, info, new) if params.base else None
-    overlap = overlap_with(base, new_table)
+    overlap = overlap_with(base, new, new_table)
     drop = overlap["by_id"] | overlap["by_prompt"]
     kept = kept_rows(new_table, drop)
 
-    carrier = Carrier(params.carry, out_dir)
+    carrier = Carrier(params.carry)
     b = base.part if base else None
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
-        staged, base_tables = _write_shards(tmp, b, base.legacy_keys if base else [], new, kept, carrier)
+        staged, base_tables = _write_shards(tmp, b, base.legacy_keys if base else None, new, kept, carrier)
         fmt.write_folder_index(tmp, [s.filename for s in staged], _fingerprint(b, new, drop))
         base_counts = Counts.of(base_tables) if b is not None else None
         meta = merged_meta(new, base_counts, b, staged)
@@ -265,6 +281,7 @@ def run_merge(
         reencoded = base.reencode() if base else {}
         for s in staged:
             make_read_only(tmp / s.filename)
+            make_read_only(fmt.keys_path(tmp / s.filename))
 
     metrics = merge_metrics(base, new, kept, base_counts, overlap, reencoded, carrier, staged)
     metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
