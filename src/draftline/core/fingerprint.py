@@ -106,13 +106,21 @@ def model_fingerprint(folder: str | os.PathLike, hash_weights: bool = True) -> s
     return _digest(entries)
 
 
-def file_xxh3_128(path: str | os.PathLike) -> str:
-    """xxh3-128 of a file's bytes, read in 16 MiB pieces: a shard's checksum (many GB/s, so disk-bound)."""
-    h = xxhash.xxh3_128()
+# Files are hashed in pieces this large: few calls (xxh3 runs at many GB/s, so hashing is disk-bound), bounded memory.
+READ_BYTES = 1 << 24
+
+
+def hash_file(h: Any, path: str | os.PathLike) -> Any:
+    """Feed a file's bytes to the hash object ``h`` (anything with ``update``), a piece at a time; returns ``h``."""
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
+        while chunk := f.read(READ_BYTES):
             h.update(chunk)
-    return h.hexdigest()
+    return h
+
+
+def file_xxh3_128(path: str | os.PathLike) -> str:
+    """xxh3-128 of a file's bytes: a shard's checksum."""
+    return hash_file(xxhash.xxh3_128(), path).hexdigest()
 
 
 def folder_fingerprint(folder: str | os.PathLike, filenames: list[str]) -> str:
@@ -120,9 +128,7 @@ def folder_fingerprint(folder: str | os.PathLike, filenames: list[str]) -> str:
     h = xxhash.xxh3_64()
     for name in filenames:
         h.update(name.encode())
-        with open(Path(folder) / name, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
+        hash_file(h, Path(folder) / name)
     return h.hexdigest()
 
 
@@ -138,9 +144,7 @@ def folder_digest(path: str | os.PathLike, suffixes: tuple[str, ...] | None = No
     )
     for p in files:
         h.update(str(p.relative_to(root)).encode() + b"\0")
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
+        hash_file(h, p)
     return h.hexdigest()
 
 
