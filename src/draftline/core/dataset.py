@@ -362,12 +362,16 @@ class ShardWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        table = _canonical(pa.concat_tables(self._pending))
+        table = pa.concat_tables(self._pending)
         path = self.folder / f".{self.prefix}-{len(self._written):05d}.partial"
+        # Rebuilt a record batch at a time: memory holds the pending rows and one batch, never a second copy of
+        # the shard (the pending rows are slices of their sources, memory-mapped or a worker's table).
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
-            for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-                writer.write_batch(batch)
+            for start in range(0, table.num_rows, BATCH_ROWS):
+                writer.write_table(_canonical(table.slice(start, BATCH_ROWS)))
         self._written.append(ShardInfo.of(table, path))
+        for t in self._pending:  # rows carried from a memory-mapped source: read, so no longer needed resident
+            drop_pages(t)
         self._pending, self._pending_bytes = [], 0
 
     def close(self) -> list[ShardInfo]:
@@ -481,6 +485,32 @@ def shard_files(folder: str | os.PathLike) -> list[str]:
 def mapped_shards(folder: str | os.PathLike, files: list[str]) -> list[pa.Table]:
     """Shard files of a ``save_to_disk`` folder as Arrow tables over memory maps: nothing is read into RAM."""
     return [pa.ipc.open_stream(pa.memory_map(str(Path(folder) / f))).read_all() for f in files]
+
+
+_MADV_DONTNEED = 4  # Linux: drop the pages from this process; a file mapping refaults them from the page cache
+
+
+def drop_pages(table: pa.Table) -> None:
+    """Take a memory-mapped table's pages out of this process's resident set once a pass over it is done.
+
+    Reading a mapped shard leaves every page it touched resident (in RSS, and charged to the process's cgroup)
+    until the mapping goes, so one pass over a base would keep the whole base resident. The table stays valid: its
+    pages come back from the page cache when it is read again. Only a read-only file mapping (never written, so
+    nothing of it is lost) that holds every buffer of the table is advised (/proc/self/maps says which); for any
+    other table (built in memory) this does nothing, as it does off Linux."""
+    buffers = [b for c in table.columns for a in c.chunks for b in a.buffers() if b is not None and b.size]
+    if not buffers or not Path("/proc/self/maps").is_file():
+        return
+    lo, hi = min(b.address for b in buffers), max(b.address + b.size for b in buffers)
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, perms, *rest = line.split(maxsplit=5)
+        start, end = (int(x, 16) for x in span.split("-"))
+        if start <= lo and hi <= end:
+            if perms in ("r--s", "r--p") and len(rest) == 4 and rest[3].startswith("/"):
+                import ctypes
+
+                ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+            return
 
 
 def write_dataset(

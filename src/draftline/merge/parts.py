@@ -63,6 +63,7 @@ def open_part(
         plan = plan_casts(tables[0].schema, where, True, drop_columns)
         for t in tables:
             check_values(t, plan, where, vocab_size)
+            fmt.drop_pages(t)
         return Part(folder, where, None, [], tables, plan, "", kind, claim["tokenizer_fingerprint"] if claim else None)
     if not (folder / "state.json").is_file():
         raise FileNotFoundError(f"{where} has no state.json: not a datasets save_to_disk folder")
@@ -86,6 +87,7 @@ def open_part(
     if not plan.identity:
         for f, t in zip(files, tables):
             check_values(t, plan, f"{where}/{f}", vocab_size)
+            fmt.drop_pages(t)  # every pass over a base to rewrite leaves its pages: resident would be the whole base
     keys = fmt.read_keys(folder, meta) if meta is not None else None
     return Part(folder, where, meta, files, tables, plan, fingerprint, keys=keys)
 

@@ -135,11 +135,13 @@ def _write_shards(
         writer = fmt.ShardWriter(tmp, prefix="base")
         start = 0
         for t in tqdm(base.tables, desc="merge: rewrite base shards", unit=" shards"):
-            keys = legacy_keys[start : start + t.num_rows] if "id" in base.plan.derived else None
-            start += t.num_rows
-            cast = apply_casts(t, base.plan, keys)
-            base_tables.append(cast.select(["num_tokens", "num_loss_tokens", "source"]))
-            writer.add(cast)
+            for piece in fmt.pieces(t):  # a record batch at a time: the casts copy what they cast
+                keys = legacy_keys[start : start + piece.num_rows] if "id" in base.plan.derived else None
+                start += piece.num_rows
+                cast = apply_casts(piece, base.plan, keys)
+                base_tables.append(cast.select(["num_tokens", "num_loss_tokens", "source"]))
+                writer.add(cast)
+            fmt.drop_pages(t)
         staged += writer.close()
     if kept.num_rows == new.num_rows and new.plan.identity:
         carry(new, "new")
@@ -184,7 +186,11 @@ def check_base(params: MergeParams, info: TargetInfo, new: Part) -> BaseCheck:
         verdict = reencode()
         reencode = lambda: verdict  # noqa: E731
     if base.meta is None:
-        legacy_keys = np.concatenate([fmt.prompt_key_digests(t) for t in base.tables])
+        digests = []
+        for t in base.tables:
+            digests.append(fmt.prompt_key_digests(t))
+            fmt.drop_pages(t)
+        legacy_keys = np.concatenate(digests)
     else:
         legacy_keys = recorded_digests(base_ids(base))
     return BaseCheck(base, claim, reencode, legacy_keys)
