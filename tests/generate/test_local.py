@@ -47,7 +47,7 @@ def _run(tmp_path, target, params):
 
 
 LOCAL = {"backend": "local", "max_tokens": 12, "shard_size": 3, "keep_truncated": True,
-         "local": {"device": "cpu", "dtype": "float32", "batch_size": 3}}
+         "local": {"device": "cpu", "dtype": "float32", "batch_size": 3, "workers": 1}}
 
 
 def test_local_backend_end_to_end_and_resume(tmp_path, embedded_target):
@@ -129,6 +129,25 @@ def test_same_bytes_under_thread_pressure(tmp_path, embedded_target, monkeypatch
     assert outs[0] == outs[1]
 
 
+def test_workers_give_the_same_bytes(tmp_path, embedded_target, monkeypatch):
+    """Three processes dealt the fixed batches give the bytes of one process, every prompt generated once, and the
+    journal key ignores the worker count (a run resumes with another count)."""
+    prompts = _prompts(10)
+    outs, metrics = [], []
+    for workers in (1, 3):
+        folder = tmp_path / f"w{workers}"
+        write_jsonl(folder / "train.jsonl", prompts)
+        monkeypatch.setenv("DRAFTLINE_CACHE", str(folder / "cache"))
+        metrics.append(_run(folder, embedded_target, {**LOCAL, "local": {**LOCAL["local"], "workers": workers}}))
+        outs.append({p.name: p.read_bytes() for p in sorted((folder / "out").iterdir())})
+        lines = next((folder / "cache").glob("generate/*/journal.jsonl")).read_text().splitlines()
+        assert sorted(json.loads(line)["id"] for line in lines) == sorted(p.id for p in prompts)
+    assert outs[0] == outs[1]
+    assert metrics[1]["run"]["finished"] == 10 and metrics[1]["run"]["requests"] == metrics[0]["run"]["requests"]
+    again = _run(tmp_path / "w3", embedded_target, LOCAL)  # the one-worker params find everything journaled
+    assert again["run"]["resumed"] == 10 and again["run"]["requests"] == 0
+
+
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "d",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 
@@ -150,7 +169,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "description": "
      '"arguments": {}}\n</tool_call>', "", [("get_weather", "{}")]),
 ])
 def test_tool_calls_are_taken_from_the_text_as_sglang_qwen25_parser_takes_them(text, content, calls):
-    from draftline.generate.tool_calls import split_tool_calls
+    from draftline.core.tool_calls import split_tool_calls
 
     got_content, got_calls = split_tool_calls(text, [TOOL])
     assert got_content == content

@@ -21,6 +21,12 @@ class LocalParams(Params):
     dtype: Literal["float32", "bfloat16", "float16", "auto"]
     batch_size: int
     threads: int
+    # Processes sharing the fixed batches; not part of the journal key: a batch's result does not depend on them.
+    workers: int
+
+    def validate(self, where: str) -> None:
+        if self.batch_size < 1 or self.workers < 1 or self.threads < 0:
+            raise ParamsError(f"params.yaml: {where}: batch_size and workers must be >= 1, threads >= 0")
 
 
 @dataclass(frozen=True)
@@ -80,4 +86,7 @@ class GenerateParams(Params):
         return {k: getattr(self, k) for k in SAMPLING_KEYS}
 
     def local_dict(self) -> dict[str, Any]:
-        return asdict(self.local)
+        """The local settings that decide a result (the journal key's part): all but ``workers``."""
+        decides = asdict(self.local)
+        del decides["workers"]
+        return decides

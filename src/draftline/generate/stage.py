@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import multiprocessing
 import time
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -194,18 +196,61 @@ def generate_local(ordered: list[PromptRecord], pending_ids: set[str], s: Genera
                    journal: Journal, entries: dict[str, dict[str, Any]], progress: Progress) -> dict[str, int]:
     """Batches are fixed over ALL prompts, so a resumed run computes every batch exactly as an uninterrupted one
     (padding and batch shape change floating-point results); a batch with nothing pending is skipped. The thread
-    count is fixed too (``generate.local.threads``, see :mod:`draftline.core.threads`)."""
+    count is fixed too (``generate.local.threads``, see :mod:`draftline.core.threads`). With ``workers`` > 1 the
+    batches are dealt round-robin to that many processes (this one and spawned ones), each journaling its own: the
+    same batches, the same threads, hence the same bytes as one process."""
+    size, n = s.local.batch_size, s.local.workers
+    starts = list(range(0, len(ordered), size))
+    first = start_at(len(starts), journal.join())
+    starts = starts[first:] + starts[:first]
+    if n == 1:
+        return {"requests": _run_batches(ordered, starts, pending_ids, s, info, journal, entries, progress), "retries": 0}
+    ctx = multiprocessing.get_context("spawn")  # a fork would copy this process's torch threads and locks
+    with ProcessPoolExecutor(n - 1, mp_context=ctx) as pool:
+        others = [pool.submit(_local_worker, ordered, starts[k::n], pending_ids, s, info, journal.folder)
+                  for k in range(1, n)]
+        sent = _run_batches(ordered, starts[::n], pending_ids, s, info, journal, entries, progress, others)
+        while not all(f.done() for f in others):  # count what the other workers journal while they finish
+            wait(others, timeout=1.0)
+            _count_others(journal, entries, progress)
+        sent += sum(f.result() for f in others)  # a worker's error is raised here
+    _count_others(journal, entries, progress)
+    return {"requests": sent, "retries": 0}
+
+
+def _local_worker(ordered: list[PromptRecord], starts: list[int], pending_ids: set[str], s: GenerateParams,
+                  info: TargetInfo, folder: Path) -> int:
+    """A spawned worker: its share of the batches, journaled to the shared journal (no progress bar of its own)."""
+    journal = Journal(folder)
+    journal.load()
+    try:
+        return _run_batches(ordered, starts, pending_ids, s, info, journal, {}, None)
+    finally:
+        journal.close()
+
+
+def _run_batches(ordered: list[PromptRecord], starts: list[int], pending_ids: set[str], s: GenerateParams,
+                 info: TargetInfo, journal: Journal, entries: dict[str, dict[str, Any]], progress: Progress | None,
+                 others: list[Future] = ()) -> int:
     from draftline.generate.local import LocalBackend
 
     backend = LocalBackend(info, s.sampling, s.enable_thinking, s.local)
-    size = backend.batch_size
     sent = 0
-    starts = list(range(0, len(ordered), size))
-    first = start_at(len(starts), journal.join())
     with torch_threads(s.local.threads):
-        for start in starts[first:] + starts[:first]:
-            sent += _generate_batch(ordered[start : start + size], pending_ids, s, backend, journal, entries, progress)
-    return {"requests": sent, "retries": 0}
+        for start in starts:
+            sent += _generate_batch(ordered[start : start + s.local.batch_size], pending_ids, s, backend, journal,
+                                    entries, progress)
+            if others:
+                _count_others(journal, entries, progress)
+    return sent
+
+
+def _count_others(journal: Journal, entries: dict[str, dict[str, Any]], progress: Progress) -> None:
+    """Take the results other workers have journaled into ``entries`` and the progress bar."""
+    for pid, entry in journal.refresh().items():
+        if pid not in entries and entry["status"] == OK:
+            entries[pid] = entry
+            progress.done(entry)
 
 
 def _generate_batch(batch: list[PromptRecord], pending_ids: set[str], s: GenerateParams, backend: Any,
@@ -226,7 +271,8 @@ def _generate_batch(batch: list[PromptRecord], pending_ids: set[str], s: Generat
     journal.append_many(new)
     for e in new:
         entries[e["id"]] = e
-        progress.done(e)
+        if progress is not None:
+            progress.done(e)
     return sent
 
 
