@@ -1,5 +1,6 @@
 """Tool calls out of a reply's text, as SGLang's ``qwen25`` tool-call parser takes them (``--tool-call-parser qwen25``,
-``sglang.srt.function_call.qwen25_detector.Qwen25Detector.detect_and_parse``), for the local backend.
+``sglang.srt.function_call.qwen25_detector.Qwen25Detector.detect_and_parse``): the local backend's replies, and the
+embedded target's held-out check.
 
 A Qwen3 target writes each call as ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``. As the server
 does, the text before the first ``<tool_call>`` stays the content; every complete block whose JSON parses and names

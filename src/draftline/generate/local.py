@@ -17,7 +17,7 @@ from draftline.core.records import Message, TargetInfo, Tool
 from draftline.core.target import load_model, load_tokenizer
 from draftline.generate.openai_client import ChatResult
 from draftline.generate.params import LocalParams
-from draftline.generate.tool_calls import split_tool_calls
+from draftline.core.tool_calls import split_tool_calls
 
 
 def split_reasoning(text: str, think_start: str, think_end: str, in_reasoning: bool) -> tuple[str | None, str]:
