@@ -14,8 +14,11 @@ worker processes): on a machine shared with other jobs the wall-clock scaling un
 and "CPU per token" (2 workers vs 1, ideally x1.0) shows the cost of the parallel machinery itself (each worker
 warms its own tokenizer cache). The main process's CPU share says how many workers one reader can feed.
 
-Rows are seeded synthetic reasoning chats of ~1-4K tokens (the reference run averaged 2.8K), with the real Qwen3
-tokenizer from ../shared/fixtures by default. On a machine shared with other jobs, compare ratios, not absolutes.
+Rows are natural text (the Python standard library's source: code, docstrings, comments), cut into reasoning
+chats of the reference run's lengths (mean ~2,800 tokens, p90 ~4,150, thinking on, ~1% tool calls: the workload of
+bench/scale.py), with the real Qwen3 tokenizer from ../shared/fixtures by default. A small vocabulary of repeated
+words tokenizes ~2x faster than natural text, so only natural text gives figures that carry over. On a machine
+shared with other jobs, compare ratios, not absolutes.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import argparse
 import json
 import logging
 import os
-import random
 import resource
 import sys
 import tempfile
@@ -38,7 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from draftline.core.fingerprint import template_sha256, tokenizer_fingerprint
 from draftline.core.params import load_section
-from draftline.core.records import TargetInfo, dumps
+from draftline.core.records import TargetInfo
 from draftline.tokenize.chunks import parse_completion, read_lines
 from draftline.tokenize.loss_mask import render_example
 from draftline.tokenize.params import TokenizeParams
@@ -48,49 +50,15 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULTS = load_section("tokenize", REPO / "params.yaml")
 CHUNK = DEFAULTS["chunk_rows"]
 DEFAULT_TOKENIZER = REPO.parent / "shared" / "fixtures" / "qwen3-tokenizer"
-WORDS = (
-    "the of and to in is that for it as with was on be by this are or from at which an but not have has we can "
-    "their one all there been if more when will would who so no these than then them into only other some time "
-    "function value return list number result first second total answer step compute equal solve integer prime "
-    "matrix vector gradient loss model token sequence parallel memory cache request server latency throughput"
-).split()
-SNIPPETS = [
-    "def f(x):\n    return x * x + 1\n",
-    "for i in range(10):\n    total += i\n",
-    "$\\frac{a}{b} = \\sqrt{c^2 + d^2}$",
-    "```python\nimport numpy as np\nprint(np.arange(5))\n```",
-    "Therefore, 12 * 7 = 84 and 84 / 4 = 21.",
-]
-
-
-def text(rng: random.Random, words: int) -> str:
-    out = []
-    for i in range(words):
-        out.append(rng.choice(WORDS).capitalize() if i % 17 == 0 else rng.choice(WORDS))
-        if i % 23 == 22:
-            out.append(".\n" + rng.choice(SNIPPETS) + "\n")
-        elif i % 9 == 8:
-            out.append(str(rng.randint(0, 9999)))
-    return " ".join(out)
 
 
 def write_inputs(folder: Path, rows: int, tok_dir: Path, seed: int = 0) -> tuple[Path, Path]:
+    from scale import load_corpus, write_completions
     from transformers import AutoTokenizer
 
-    rng = random.Random(seed)
-    comp = folder / "completions"
-    comp.mkdir(parents=True)
-    with open(comp / "part-00000.jsonl", "w", encoding="utf-8") as f:
-        for i in range(rows):
-            msgs = [
-                {"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": text(rng, rng.randint(30, 300))},
-                {"role": "assistant", "content": text(rng, rng.randint(100, 800)), "reasoning_content": text(rng, rng.randint(200, 1500))},
-            ]
-            rec = {"id": f"b{i:06d}", "source": f"s{i % 4}", "row": i, "messages": msgs, "finish_reason": "stop",
-                   "generation": {"enable_thinking": True}}  # fmt: skip
-            f.write(dumps(rec) + "\n")
     tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    comp = folder / "completions"
+    write_completions(comp, load_corpus(tok, 2_000_000), rows, 1, seed)
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     info = TargetInfo(
         path=str(tok_dir), tokenizer_fingerprint=tokenizer_fingerprint(tok_dir, tok.chat_template),
@@ -124,7 +92,7 @@ def raw_encoder(comp: Path, tok_dir: Path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
-    lines = read_lines([comp / "part-00000.jsonl"])
+    lines = read_lines(sorted(comp.glob("part-*.jsonl")))
     texts = [render_example(tok, ex)[1] for where, line in lines for ex in parse_completion(line, where, "last")[0]]
     backend = tok.backend_tokenizer
     n = sum(len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False))
