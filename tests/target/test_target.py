@@ -220,13 +220,16 @@ def test_embedded_stage_from_raw_sources(tmp_path):
     )
     assert info.embedded and info.num_hidden_layers == 4
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["corpus_conversations"] == 80
+    held = metrics["held_out"]
+    assert metrics["corpus_conversations"] + sum(r["prompts"] for r in held.values()) == 80
+    assert held and all(r["prompts"] == 1 and 0 <= r["runaway"] <= 1 for r in held.values())
     assert 5e4 < metrics["parameters"] < 5e5 and metrics["final_loss"] < metrics["first_loss"]
     with open(tmp_path / "loss.csv") as f:
         curve = list(csv.DictReader(f))
     assert [int(r["step"]) for r in curve] == list(range(1, TINY_TARGET_PARAMS["embedded"]["steps"] + 1))
-    samples = [json.loads(line) for line in (tmp_path / "target" / "greedy_samples.jsonl").read_text().splitlines()]
-    assert samples and samples[0]["prompt"].endswith("<think>\n\n</think>\n\n")
+    samples = [json.loads(line) for line in (tmp_path / "target" / "held_out.jsonl").read_text().splitlines()]
+    assert sorted(s["source"] for s in samples) == sorted(held)
+    assert all(s["prompt"].endswith("<think>\n\n</think>\n\n") for s in samples)
 
     with pytest.raises(FileNotFoundError, match="dvc repro conversations"):
         run_target(target_params(TINY_TARGET_PARAMS), target_dir=tmp_path / "t2", conversations_root=tmp_path / "absent",
@@ -329,3 +332,29 @@ def test_a_conversation_the_template_cannot_render_is_skipped_and_counted():
     assert skips.as_dict() == {"render_error": 1}
     with pytest.raises(SkipError, match="tiny row 99"):
         list(render_corpus([bad], Skips(logging.getLogger("test"), strict=True)))
+
+
+def test_the_corpus_holds_each_first_reply_where_generation_asks_for_it(embedded_target):
+    """A tool conversation enters the corpus up to its first reply, the call, which then follows the generation
+    prompt's empty think block exactly; rendered whole, the call would have no think block (Qwen3's template)."""
+    import logging
+
+    from draftline.core.chat import render
+    from draftline.core.skips import Skips
+    from draftline.target.embedded.tokenizer import render_corpus
+
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "{\"temp\": 20}"},
+                {"role": "assistant", "content": "It is 20 degrees."}]
+    conv = Conversation(source="tiny", row=1, messages=messages, tools=[WEATHER_TOOL])
+    no_reply = Conversation(source="tiny", row=2, messages=messages[:1])
+    (_, text), (_, prompt_only) = list(render_corpus([conv, no_reply], Skips(logging.getLogger("test"))))
+    tok = load_tokenizer(load_target(embedded_target))
+    prompt = render(tok, messages[:1], [WEATHER_TOOL], enable_thinking=False, generation_prompt=True)
+    assert text.startswith(prompt) and text[len(prompt):].startswith("<tool_call>\n{\"name\": \"get_weather\"")
+    assert "It is 20 degrees." not in text and "<tool_response>" not in text
+    whole = render(tok, messages, [WEATHER_TOOL], enable_thinking=None, generation_prompt=False)
+    assert "<|im_start|>assistant\n<tool_call>" in whole  # the whole render: no think block before the call
+    assert prompt_only == render(tok, messages[:1], None, enable_thinking=None, generation_prompt=False)

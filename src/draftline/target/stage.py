@@ -68,7 +68,7 @@ def write_target(
     skips: Skips | None = None,
 ) -> EmbeddedBuild | None:
     """Write ``target_dir`` at once (or not at all): ``target.json``, and for the embedded target ``model/`` and
-    ``greedy_samples.jsonl``, trained on ``conversations`` (consumed only then). Returns the embedded build, if any.
+    ``held_out.jsonl`` (its greedy replies to the held-out prompts), trained on ``conversations`` (consumed only then). Returns the embedded build, if any.
     """
     target_dir = Path(target_dir)
     path, mask_token_id, hash_weights = params.path, params.mask_token_id, params.hash_weights
@@ -84,7 +84,7 @@ def write_target(
             build = build_embedded_target(conversations, tmp / MODEL_DIR, params.embedded, params.seed, skips or Skips(log))
             info = describe_target(tmp / MODEL_DIR, mask_token_id, hash_weights, embedded=True)
             info.path = MODEL_DIR
-            write_jsonl(tmp / "greedy_samples.jsonl", build.samples)
+            write_jsonl(tmp / "held_out.jsonl", build.samples)
         else:
             info = describe_target(path, mask_token_id, hash_weights)
             info.path = _relative_path(path, target_dir)

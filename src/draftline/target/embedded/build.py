@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from tqdm import tqdm
 from transformers import (
     GenerationConfig,
@@ -33,6 +34,7 @@ from draftline.core.logs import get_logger
 from draftline.core.records import Conversation
 from draftline.core.skips import Skips
 from draftline.core.threads import torch_threads
+from draftline.core.tool_calls import split_tool_calls
 from draftline.target.embedded.params import EmbeddedParams
 from draftline.target.embedded.tokenizer import EOS, PAD, render_corpus, train_tokenizer
 
@@ -41,28 +43,34 @@ log = get_logger("target.embedded")
 
 @dataclass
 class EmbeddedBuild:
-    """What a build reports: metrics, the loss curve (one row per step) and greedy samples."""
+    """What a build reports: metrics, the loss curve (one row per step) and the greedy replies to the held-out prompts."""
 
     metrics: dict[str, Any]
     loss_curve: list[dict[str, Any]]
-    samples: list[dict[str, str]]
+    samples: list[dict[str, Any]]
 
 
 IGNORE = -100  # label of padding: no loss
 
 
 def _pack(token_lists: list[list[int]], sep_id: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate documents, each followed by ``sep_id`` (Qwen's document separator), into rows of ``seq_len``.
+    """Pack whole documents, each followed by ``sep_id`` (Qwen's document separator), into rows of ``seq_len``.
 
-    Returns ``(input_ids, labels)``; the last row is padded with ``sep_id`` and labelled ``IGNORE``, so no token
-    is dropped and a source smaller than one row still trains.
+    A document never straddles two rows: a tool conversation's calls are learnt with its tool list in view, at the
+    positions a generation prompt puts them. One longer than a row is cut to it. Returns ``(input_ids, labels)``;
+    the rest of a row is ``sep_id`` labelled ``IGNORE`` (no loss).
     """
-    flat = [t for ids in token_lists for t in (*ids, sep_id)]
-    n_rows = -(-len(flat) // seq_len)
-    ids = torch.full((n_rows * seq_len,), sep_id, dtype=torch.long)
-    labels = torch.full((n_rows * seq_len,), IGNORE, dtype=torch.long)
-    ids[: len(flat)] = labels[: len(flat)] = torch.tensor(flat, dtype=torch.long)
-    return ids.view(n_rows, seq_len), labels.view(n_rows, seq_len)
+    rows: list[list[int]] = [[]]
+    for ids in token_lists:
+        doc = [*ids[: seq_len - 1], sep_id]
+        if len(rows[-1]) + len(doc) > seq_len:
+            rows.append([])
+        rows[-1].extend(doc)
+    ids = torch.full((len(rows), seq_len), sep_id, dtype=torch.long)
+    labels = torch.full((len(rows), seq_len), IGNORE, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = labels[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return ids, labels
 
 
 class _BalancedBatches:
@@ -144,21 +152,55 @@ def _prompt_of(conv: Conversation) -> list[dict[str, Any]] | None:
     return None
 
 
-@torch.no_grad()
-def _greedy_samples(model, tok, conversations: list[Conversation], spec: EmbeddedParams) -> list[dict[str, str]]:
-    """Greedy continuations of one prompt per source, thinking off (as the embedded generation runs)."""
-    model.eval()
-    picked: dict[str, Conversation] = {}
+def held_out(conversations: list[Conversation], per_source: int) -> set[tuple[str, int]]:
+    """``(source, row)`` of the conversations kept out of training: per source, the ``per_source`` with a prompt
+    whose hash of (source, row) ranks lowest (stable when a source grows, independent of file order)."""
+    ranked: dict[str, list[tuple[int, int]]] = {}
     for conv in conversations:
-        if conv.source not in picked and _prompt_of(conv) is not None and not conv.tools:
-            picked[conv.source] = conv
+        if _prompt_of(conv) is not None:
+            ranked.setdefault(conv.source, []).append((xxhash.xxh3_64_intdigest(f"{conv.source}\0{conv.row}".encode()), conv.row))
+    return {(source, row) for source, keys in ranked.items() for _, row in sorted(keys)[:per_source]}
+
+
+@torch.no_grad()
+def _greedy_held_out(model, tok, conversations: list[Conversation], spec: EmbeddedParams) -> list[dict[str, Any]]:
+    """Greedy replies (thinking off, as the embedded generation runs) to the held-out prompts, one batch per source:
+    each with whether it ran away (no end of turn within ``greedy_tokens``) and, where tools were offered, whether it
+    is a well-formed call (SGLang's qwen25 parse: a complete block naming an offered tool, arguments an object)."""
+    model.eval()
+    stops = [tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)]
+    by_source: dict[str, list[Conversation]] = {}
+    for conv in conversations:
+        by_source.setdefault(conv.source, []).append(conv)
     out = []
-    for conv in list(picked.values())[: spec.greedy_samples]:
-        prompt = render(tok, _prompt_of(conv), None, enable_thinking=False, generation_prompt=True)
-        ids = tok(prompt, return_tensors="pt").input_ids
-        gen = model.generate(ids, max_new_tokens=spec.greedy_tokens, do_sample=False)
-        out.append({"source": conv.source, "prompt": prompt, "completion": tok.decode(gen[0, ids.shape[1]:])})
+    for source, convs in sorted(by_source.items()):
+        prompts = [render(tok, _prompt_of(c), c.tools, enable_thinking=False, generation_prompt=True) for c in convs]
+        ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+        width = max(map(len, ids))
+        gen = model.generate(
+            input_ids=torch.tensor([[stops[1]] * (width - len(x)) + x for x in ids]),
+            attention_mask=torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids]),
+            max_new_tokens=spec.greedy_tokens, do_sample=False, eos_token_id=stops, pad_token_id=stops[1],
+        )
+        for conv, prompt, row in zip(convs, prompts, gen[:, width:].tolist()):
+            end = next((i + 1 for i, t in enumerate(row) if t in stops), None)
+            reply = tok.decode(row[:end], skip_special_tokens=True)
+            calls = split_tool_calls(reply, conv.tools)[1]
+            out.append({"source": source, "row": conv.row, "prompt": prompt, "completion": reply,
+                        "runaway": end is None, "tool_call": bool(calls) if conv.tools else None})
     return out
+
+
+def held_out_rates(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per source: prompts, runaway share, and (sources with tools) the share of well-formed tool calls."""
+    rates: dict[str, dict[str, Any]] = {}
+    for source in sorted({s["source"] for s in samples}):
+        mine = [s for s in samples if s["source"] == source]
+        rates[source] = {"prompts": len(mine), "runaway": round(sum(s["runaway"] for s in mine) / len(mine), 3)}
+        with_tools = [s for s in mine if s["tool_call"] is not None]
+        if with_tools:
+            rates[source]["tool_calls"] = round(sum(s["tool_call"] for s in with_tools) / len(with_tools), 3)
+    return rates
 
 
 def build_embedded_target(
@@ -171,11 +213,14 @@ def build_embedded_target(
     if not pairs:
         raise ValueError("the embedded target has no conversations to learn from; check the sources and their adapters")
     kept, texts = [c for c, _ in pairs], [t for _, t in pairs]
+    # The vocabulary is learnt from every conversation (a real tokenizer has seen any text); the model is not.
     tok = train_tokenizer(texts, spec.vocab_size, spec.max_position_embeddings)
     sep = tok.convert_tokens_to_ids(PAD)
+    held = held_out(kept, spec.held_out)
     by_source: dict[str, list[list[int]]] = {}
     for conv, ids in zip(kept, tok(texts, add_special_tokens=False).input_ids):
-        by_source.setdefault(conv.source, []).append(ids)
+        if (conv.source, conv.row) not in held:
+            by_source.setdefault(conv.source, []).append(ids)
     packed = {name: _pack(docs, sep, spec.seq_len) for name, docs in by_source.items()}
     corpus_tokens = sum(int((labels != IGNORE).sum()) for _, labels in packed.values())
     log.info("corpus: %d conversations, %d tokens, %d sources", len(texts), corpus_tokens, len(packed))
@@ -191,7 +236,7 @@ def build_embedded_target(
         t_train = time.perf_counter()
         curve = _train(model, _BalancedBatches(packed, spec.batch_size, seed), spec)
         train_s = time.perf_counter() - t_train
-        samples = _greedy_samples(model, tok, kept, spec)
+        samples = _greedy_held_out(model, tok, [c for c in kept if (c.source, c.row) in held], spec)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
@@ -200,7 +245,8 @@ def build_embedded_target(
     last = curve[-min(10, len(curve)):]
     metrics = {
         "parameters": sum(p.numel() for p in model.parameters()),
-        "corpus_conversations": len(texts),
+        "corpus_conversations": len(texts) - len(held),
+        "held_out": held_out_rates(samples),
         "corpus_tokens": corpus_tokens,
         "epochs": round(trained_tokens / corpus_tokens, 3),
         "train_tokens": trained_tokens,

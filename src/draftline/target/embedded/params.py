@@ -24,7 +24,7 @@ class EmbeddedParams(Params):
     lr: float
     warmup_steps: int
     threads: int
-    greedy_samples: int
+    held_out: int
     greedy_tokens: int
 
     def validate(self, where: str) -> None:

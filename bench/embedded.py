@@ -1,0 +1,139 @@
+"""The embedded default, end to end, per target seed: the README's `dvc repro` as a new user runs it.
+
+For each seed, a temporary git + DVC clone of this repository (tests/project_clone.py, the shipped params with only
+``target.seed`` changed: a stand-in for another CPU's float arithmetic) runs ``dvc repro`` from nothing. It prints,
+seeds side by side:
+
+- wall time per stage (the ``stage_seconds`` each stage writes in its metrics; foreach groups summed), the whole
+  ``dvc repro``, and what is neither (DVC itself and each stage's interpreter start-up);
+- tau overall and per source, lossless share (metrics/eval.json);
+- per source: greedy tool-call rate of the completions (replies carrying structured ``tool_calls``, of the prompts
+  that offered tools), truncation rate (replies cut at ``generate.max_tokens``, of the prompts sent), and the target
+  stage's held-out tool-call and runaway rates (metrics/target.json).
+
+    python bench/embedded.py                 # seeds 0 1 2, about 10 minutes each on a quiet 2-core machine
+    python bench/embedded.py --seeds 0 --keep /tmp/embedded   # one seed, keep the clone to look at
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The temporary-clone helpers are the pipeline test's.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+
+import argparse  # noqa: E402
+import json
+import shutil
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+from project_clone import make_project, run
+
+STAGES = ("sources", "conversations", "target", "prompts", "generate", "tokenize", "merge", "train", "evaluate")
+
+
+def stage_seconds(root: Path) -> dict[str, float]:
+    """Each stage's own ``stage_seconds`` (foreach groups summed over their entries)."""
+    out = {}
+    for stage in STAGES:
+        files = sorted((root / "metrics" / stage).glob("*.json")) or [root / "metrics" / f"{stage}.json"]
+        if stage == "evaluate":
+            files = [root / "metrics" / "eval.json"]
+        out[stage] = sum(_stage_s(json.loads(f.read_text())) for f in files)
+    return out
+
+
+def _stage_s(metrics: dict[str, Any]) -> float:
+    return float(metrics.get("stage_seconds", metrics.get("run", {}).get("stage_seconds", 0.0)))
+
+
+def completion_rates(root: Path) -> dict[str, dict[str, float]]:
+    """Per source: share of tool prompts answered with structured tool calls, share of prompts truncated."""
+    offered, called = Counter(), Counter()
+    for part in sorted((root / "data" / "completions").glob("part-*.jsonl")):
+        for line in part.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("tools"):
+                offered[row["source"]] += 1
+                called[row["source"]] += any(m.get("tool_calls") for m in row["messages"] if m["role"] == "assistant")
+    generate = json.loads((root / "metrics" / "generate.json").read_text())["per_source"]
+    out = {}
+    for source, m in sorted(generate.items()):
+        sent = m["completions"] + m["truncated"] + m["failed"]
+        out[source] = {"truncated": m["truncated"] / sent if sent else 0.0}
+        if offered[source]:
+            # Truncated replies are not in the completions: they count as tool prompts answered without a call.
+            out[source]["tool_calls"] = called[source] / (offered[source] + m["truncated"])
+    return out
+
+
+def measure(seed: int, keep: Path | None) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix=f"embedded-seed{seed}-"))
+    try:
+        env = make_project(root, {"target": {"seed": seed}})
+        t0 = time.perf_counter()
+        run(["dvc", "repro"], root, env, timeout=7200)
+        wall = time.perf_counter() - t0
+        ev = json.loads((root / "metrics" / "eval.json").read_text())
+        target = json.loads((root / "metrics" / "target.json").read_text())
+        return {"seed": seed, "wall": wall, "stages": stage_seconds(root), "tau": ev["tau"],
+                "tau_per_source": ev["tau_per_source"], "lossless": ev["lossless"],
+                "completions": completion_rates(root), "held_out": target.get("held_out", {})}
+    finally:
+        if keep:
+            shutil.copytree(root, keep / f"seed{seed}", dirs_exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    seeds = [f"seed {r['seed']}" for r in results]
+    times = [[s] + [f"{r['stages'][s]:.0f}" for r in results] for s in STAGES]
+    times.append(["DVC + start-up"] + [f"{r['wall'] - sum(r['stages'].values()):.0f}" for r in results])
+    times.append(["**dvc repro**"] + [f"**{r['wall']:.0f}**" for r in results])
+    sources = sorted(results[0]["tau_per_source"])
+    tau = [["**overall**"] + [f"**{r['tau']:.2f}**" for r in results]]
+    tau += [[s] + [f"{r['tau_per_source'].get(s, 0):.2f}" for r in results] for s in sources]
+    tau.append(["lossless"] + [f"{r['lossless']:.2f}" for r in results])
+    rates = []
+    for s in sorted(results[0]["completions"]):
+        cells = []
+        for r in results:
+            c, h = r["completions"].get(s, {}), r["held_out"].get(s, {})
+            cells.append(f"{pct(c.get('tool_calls'))} / {pct(c.get('truncated'))} / "
+                         f"{pct(h.get('tool_calls'))} / {pct(h.get('runaway'))}")
+        rates.append([s] + cells)
+    return "\n\n".join([
+        "Wall seconds per stage:\n\n" + table(["stage"] + seeds, times),
+        "tau (tokens per target forward):\n\n" + table(["source"] + seeds, tau),
+        "Completions: tool calls / truncated; target held-out greedy: tool calls / runaway:\n\n"
+        + table(["source"] + seeds, rates),
+    ])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--keep", type=Path, default=None, help="copy each clone here before it is removed")
+    args = ap.parse_args()
+    results = []
+    for seed in args.seeds:
+        results.append(measure(seed, args.keep))
+        print(f"seed {seed}: dvc repro {results[-1]['wall']:.0f} s, tau {results[-1]['tau']:.3f}", flush=True)
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()
