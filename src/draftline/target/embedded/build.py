@@ -3,7 +3,12 @@
 It stands in for a real Qwen3 checkpoint so that the whole pipeline runs on a laptop: it is saved with
 ``save_pretrained`` (config.json, model.safetensors, tokenizer files, chat template) and every later stage loads it
 with ``AutoTokenizer`` / ``AutoModelForCausalLM`` exactly as it would load Qwen3. Training is plain next-token
-prediction over whole rendered conversations, packed into fixed-length rows, every source an equal share of steps.
+prediction over each conversation's first exchange (the prompt and its first reply, rendered as generation asks for
+it: see ``tokenizer.first_exchange``), packed whole into fixed-length rows, every source an equal share of rows.
+
+Held out: per source, a fixed hash-ranked few conversations are never trained on; their prompts are answered
+greedily after training and scored (runaway replies, well-formed tool calls) in the stage's metrics, so what the
+target learnt is measured on prompts it has not seen.
 
 Determinism: one seed drives initialisation and batch order, the thread count is fixed (float reductions
 are ordered by it) and torch runs in deterministic mode, so the same params on the same machine and library
