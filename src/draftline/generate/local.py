@@ -15,9 +15,9 @@ from typing import Any
 from draftline.core.chat import render
 from draftline.core.records import Message, TargetInfo, Tool
 from draftline.core.target import load_model, load_tokenizer
+from draftline.core.tool_calls import split_tool_calls
 from draftline.generate.openai_client import ChatResult
 from draftline.generate.params import LocalParams
-from draftline.core.tool_calls import split_tool_calls
 
 
 def split_reasoning(text: str, think_start: str, think_end: str, in_reasoning: bool) -> tuple[str | None, str]:
