@@ -4,7 +4,7 @@ It stands in for a real Qwen3 checkpoint so that the whole pipeline runs on a la
 ``save_pretrained`` (config.json, model.safetensors, tokenizer files, chat template) and every later stage loads it
 with ``AutoTokenizer`` / ``AutoModelForCausalLM`` exactly as it would load Qwen3. Training is plain next-token
 prediction over each conversation's first exchange (the prompt and its first reply, rendered as generation asks for
-it: see ``tokenizer.first_exchange``), packed whole into fixed-length rows, every source an equal share of rows.
+it: see ``tokenizer.first_exchange``), packed into fixed-length rows, every source an equal share of rows.
 
 Held out: per source, a fixed hash-ranked few conversations are never trained on; their prompts are answered
 greedily after training and scored (runaway replies, well-formed tool calls) in the stage's metrics, so what the
@@ -59,23 +59,17 @@ IGNORE = -100  # label of padding: no loss
 
 
 def _pack(token_lists: list[list[int]], sep_id: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pack whole documents, each followed by ``sep_id`` (Qwen's document separator), into rows of ``seq_len``.
+    """Concatenate documents, each followed by ``sep_id`` (Qwen's document separator), into rows of ``seq_len``.
 
-    A document never straddles two rows: a tool conversation's calls are learnt with its tool list in view, at the
-    positions a generation prompt puts them. One longer than a row is cut to it. Returns ``(input_ids, labels)``;
-    the rest of a row is ``sep_id`` labelled ``IGNORE`` (no loss).
+    Returns ``(input_ids, labels)``; the last row is padded with ``sep_id`` and labelled ``IGNORE``, so no token
+    is dropped and a source smaller than one row still trains.
     """
-    rows: list[list[int]] = [[]]
-    for ids in token_lists:
-        doc = [*ids[: seq_len - 1], sep_id]
-        if len(rows[-1]) + len(doc) > seq_len:
-            rows.append([])
-        rows[-1].extend(doc)
-    ids = torch.full((len(rows), seq_len), sep_id, dtype=torch.long)
-    labels = torch.full((len(rows), seq_len), IGNORE, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = labels[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return ids, labels
+    flat = [t for ids in token_lists for t in (*ids, sep_id)]
+    n_rows = -(-len(flat) // seq_len)
+    ids = torch.full((n_rows * seq_len,), sep_id, dtype=torch.long)
+    labels = torch.full((n_rows * seq_len,), IGNORE, dtype=torch.long)
+    ids[: len(flat)] = labels[: len(flat)] = torch.tensor(flat, dtype=torch.long)
+    return ids.view(n_rows, seq_len), labels.view(n_rows, seq_len)
 
 
 class _BalancedBatches:
