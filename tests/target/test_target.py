@@ -333,28 +333,3 @@ def test_a_conversation_the_template_cannot_render_is_skipped_and_counted():
     with pytest.raises(SkipError, match="tiny row 99"):
         list(render_corpus([bad], Skips(logging.getLogger("test"), strict=True)))
 
-
-def test_the_corpus_holds_each_first_reply_where_generation_asks_for_it(embedded_target):
-    """A tool conversation enters the corpus up to its first reply, the call, which then follows the generation
-    prompt's empty think block exactly; rendered whole, the call would have no think block (Qwen3's template)."""
-    import logging
-
-    from draftline.core.chat import render
-    from draftline.core.skips import Skips
-    from draftline.target.embedded.tokenizer import render_corpus
-
-    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
-    messages = [{"role": "user", "content": "Weather in Paris?"},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "content": "{\"temp\": 20}"},
-                {"role": "assistant", "content": "It is 20 degrees."}]
-    conv = Conversation(source="tiny", row=1, messages=messages, tools=[WEATHER_TOOL])
-    no_reply = Conversation(source="tiny", row=2, messages=messages[:1])
-    (_, text), (_, prompt_only) = list(render_corpus([conv, no_reply], Skips(logging.getLogger("test"))))
-    tok = load_tokenizer(load_target(embedded_target))
-    prompt = render(tok, messages[:1], [WEATHER_TOOL], enable_thinking=False, generation_prompt=True)
-    assert text.startswith(prompt) and text[len(prompt):].startswith("<tool_call>\n{\"name\": \"get_weather\"")
-    assert "It is 20 degrees." not in text and "<tool_response>" not in text
-    whole = render(tok, messages, [WEATHER_TOOL], enable_thinking=None, generation_prompt=False)
-    assert "<|im_start|>assistant\n<tool_call>" in whole  # the whole render: no think block before the call
-    assert prompt_only == render(tok, messages[:1], None, enable_thinking=None, generation_prompt=False)

@@ -3,8 +3,7 @@
 It stands in for a real Qwen3 checkpoint so that the whole pipeline runs on a laptop: it is saved with
 ``save_pretrained`` (config.json, model.safetensors, tokenizer files, chat template) and every later stage loads it
 with ``AutoTokenizer`` / ``AutoModelForCausalLM`` exactly as it would load Qwen3. Training is plain next-token
-prediction over each conversation's first exchange (the prompt and its first reply, rendered as generation asks for
-it: see ``tokenizer.first_exchange``), packed into fixed-length rows, every source an equal share of rows.
+prediction over whole rendered conversations, packed into fixed-length rows, every source an equal share of rows.
 
 Held out: per source, a fixed hash-ranked few conversations are never trained on; their prompts are answered
 greedily after training and scored (runaway replies, well-formed tool calls) in the stage's metrics, so what the

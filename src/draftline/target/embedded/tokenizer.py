@@ -60,23 +60,8 @@ def _bare_bpe() -> Tokenizer:
     return tok
 
 
-def first_exchange(messages: list[dict]) -> list[dict]:
-    """The messages up to and including the first assistant reply (all of them when there is none).
-
-    What generation asks of the target (``prompts.turns: first``): the prompt, then one reply. Rendered with that reply
-    as the final turn, the reply follows the same ``<think>\n\n</think>\n\n`` as the generation prompt. Inside a
-    whole conversation, Qwen3's template gives an earlier turn (a tool call, before the tool's result) no think
-    block, so a target trained on whole conversations never sees a tool call where it is asked for one.
-    """
-    for i, m in enumerate(messages):
-        if m["role"] == "assistant":
-            return messages[: i + 1]
-    return messages
-
-
 def render_corpus(conversations: Iterable[Conversation], skips: Skips) -> Iterator[tuple[Conversation, str]]:
-    """``(conversation, text)``: each conversation's :func:`first_exchange`, rendered with our template by the one
-    render (:mod:`draftline.core.chat`).
+    """``(conversation, text)``: each rendered whole with our template by the one render (:mod:`draftline.core.chat`).
 
     Rendering needs no vocabulary, so a bare tokenizer object carries the template here, before BPE is trained.
     A conversation the template cannot render is counted as a ``render_error`` skip and left out.
@@ -84,8 +69,7 @@ def render_corpus(conversations: Iterable[Conversation], skips: Skips) -> Iterat
     renderer = _wrap(_bare_bpe(), model_max_length=1 << 30)
     for conv in conversations:
         try:
-            yield conv, render(renderer, first_exchange(conv.messages), conv.tools, enable_thinking=None,
-                               generation_prompt=False)
+            yield conv, render(renderer, conv.messages, conv.tools, enable_thinking=None, generation_prompt=False)
         except Exception as e:  # a malformed message costs one conversation, not the build
             skips.add("render_error", f"{conv.source} row {conv.row}", f"{type(e).__name__}: {e}")
 
