@@ -49,7 +49,8 @@ def test_a_fields_source_with_options_reaches_the_target_and_the_prompts_alike(t
     info = run_target(TargetParams.parse(TINY_TARGET_PARAMS, "target"), tmp_path / "target", tmp_path / "conv",
                       tmp_path / "metrics" / "target.json", tmp_path / "loss.csv")
     assert info.embedded
-    assert json.loads((tmp_path / "metrics" / "target.json").read_text())["corpus_conversations"] == len(convs)
+    target = json.loads((tmp_path / "metrics" / "target.json").read_text())
+    assert target["corpus_conversations"] + target["held_out"]["qa"]["prompts"] == len(convs)
 
     blend = {**default_params("blend"), "total": 20, "eval_per_source": 2, "sources": {}}
     run_prompts(["qa"], PromptsParams.parse(default_params("prompts"), "prompts"),
