@@ -95,6 +95,18 @@ def test_scan_rows_counts_pairs_after_the_cut():
     assert stats.cut_loss_tokens == 2 and stats.kept_loss_tokens == sum(sum(m[:5]) for m in masks)
 
 
+
+def test_scan_rows_across_scan_batches(monkeypatch):
+    """Batches after the first are slices of the mapped column: counts must not depend on where a batch starts."""
+    rng = np.random.default_rng(0)
+    masks = [rng.integers(0, 2, int(rng.integers(1, 12))).tolist() for _ in range(23)]
+    monkeypatch.setattr("draftline.train.data._SCAN_ROWS", 4)
+    stats = scan_rows(_rows(masks), max_length=7)
+    assert stats.lengths.tolist() == [min(len(m), 7) for m in masks]
+    assert stats.anchors.tolist() == [count_candidates(m[:7]) for m in masks]
+    assert stats.kept_loss_tokens == sum(sum(m[:7]) for m in masks)
+    assert stats.cut_loss_tokens == sum(sum(m[7:]) for m in masks)
+
 def test_pack_batches_respects_the_budget():
     lengths = np.array([5, 9, 3, 9, 2, 7, 4, 8])
     batches = pack_batches(np.arange(8), lengths, 18)
