@@ -44,12 +44,13 @@ class Shapes:
     features: int  # number of target layers tapped
     block_size: int
     act_bytes: int  # bytes per activation element (2 for bf16, 4 for fp32)
+    resident_bytes: int = 0  # held for the whole run beside the weights: the feature cache
 
 
 def estimate_bytes(m: Shapes, rows: int, length: int, anchors: int) -> int:
     """A deliberately generous estimate of one training step's peak, in bytes.
 
-    Terms: weights + fp32 master/grad/Adam state of the drafter; the target's hidden states kept by
+    Terms: weights + fp32 master/grad/Adam state of the drafter + the feature cache; the target's hidden states kept by
     ``output_hidden_states`` and its largest transient (MLP or attention scores); the tapped features and
     their projection; per drafter layer the saved activations of the block queries, the context keys and
     values, the attention scores and the mask over [context | blocks]; the logits of the supervised labels.
@@ -58,7 +59,7 @@ def estimate_bytes(m: Shapes, rows: int, length: int, anchors: int) -> int:
     tokens = rows * length
     q = rows * anchors * m.block_size
     kv = length + anchors * m.block_size
-    static = m.target_param_bytes + 16 * m.drafter_params
+    static = m.target_param_bytes + 16 * m.drafter_params + m.resident_bytes
     target = (m.target_layers + 1) * tokens * m.hidden * a + max(
         3 * tokens * m.intermediate * a, 2 * rows * m.heads * length * length * a
     )

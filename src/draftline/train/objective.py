@@ -1,4 +1,4 @@
-"""One training forward: the frozen target's features, random blocks, and the decayed block cross-entropy."""
+"""One training forward: random blocks on the frozen target's features, and the decayed block cross-entropy."""
 
 from __future__ import annotations
 
@@ -36,21 +36,20 @@ class StepStats:
 
 def dflash_loss(
     drafter: nn.Module,
-    target: nn.Module,
+    features: torch.Tensor,
     batch: Batch,
     *,
     anchors_per_seq: int,
     gamma: float,
     generator: torch.Generator,
 ) -> StepStats:
-    """The DFlash objective on one batch.
+    """The DFlash objective on one batch, given the target's ``features`` of it (:func:`capture_features`).
 
     ``drafter`` may be DDP-wrapped; ``drafter_module`` below is the bare :class:`DFlashDrafter`. Logits are only
     computed where a label has weight, which keeps the vocabulary-sized tensor as small as it can be.
     """
     core: DFlashDrafter = getattr(drafter, "module", drafter)
     B = core.block_size
-    features = capture_features(target, batch, core.target_layer_ids)
     anchors, keep = sample_anchors(batch.loss_mask, anchors_per_seq, generator)
     s = batch.input_ids.shape[1]
     ids = block_inputs(batch.input_ids, anchors, core.mask_token_id, B)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from draftline.core.params import Params, ParamsError
 
 # Params that change how a run is watched or checked, not the weights it produces: left out of the state key.
-NOT_IN_KEY = ("save_every", "log_every", "memory_limit_gb", "max_skip_share")
+NOT_IN_KEY = ("save_every", "log_every", "memory_limit_gb", "max_skip_share", "feature_cache_gb")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class TrainParams(Params):
     max_length: int
     max_tokens_per_batch: int
     memory_limit_gb: float
+    feature_cache_gb: float
     epochs: float
     max_steps: int
     lr: float
@@ -45,5 +46,8 @@ class TrainParams(Params):
         if self.max_tokens_per_batch < self.max_length:
             raise ParamsError(f"params.yaml: {where}.max_tokens_per_batch ({self.max_tokens_per_batch}) must be >= "
                               f"max_length ({self.max_length}): a longest row must fit a batch")
+        if self.feature_cache_gb < 0:
+            raise ParamsError(f"params.yaml: {where}.feature_cache_gb must be >= 0 (0: features online), "
+                              f"got {self.feature_cache_gb}")
         if self.save_every < 1 or self.log_every < 1 or (self.max_steps <= 0 and self.epochs <= 0):
             raise ParamsError(f"params.yaml: {where}: save_every and log_every must be >= 1, and max_steps or epochs > 0")

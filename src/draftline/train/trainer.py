@@ -1,8 +1,8 @@
 """Training the DFlash drafter online on the frozen target: one process, or one rank of DDP under torchrun.
 
 Read top to bottom: :func:`train` sets up the ranks, :func:`prepare` plans the batches from the training set,
-:func:`build` makes the target, the drafter and the optimiser, :func:`check_memory` refuses a run whose worst batch
-would not fit, :func:`resume` restores the newest state of the same inputs, :func:`fit` runs the steps, and
+:func:`build` makes the target, the drafter and the optimiser, :func:`cache_features` computes the target's features
+of every row once when they fit in memory, :func:`check_memory` refuses a run whose worst batch would not fit, :func:`resume` restores the newest state of the same inputs, :func:`fit` runs the steps, and
 :func:`finish` writes the checkpoint, the metrics and the loss curve. Rank 0 alone writes files. The checkpoint's
 config carries the data's lineage (tokenizer fingerprint, chat template, thinking mode, mask token), so evaluation
 and serving read them from the drafter instead of from params.
@@ -36,9 +36,10 @@ from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target
 from draftline.core.threads import torch_threads
 from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
-from draftline.train.data import BatchPlan, collate
-from draftline.train.memory import Preflight, Shapes, preflight
-from draftline.train.objective import dflash_loss
+from draftline.train.data import Batch, BatchPlan, collate
+from draftline.train.features import FeatureCache, cache_bytes
+from draftline.train.memory import GB, Preflight, Shapes, preflight
+from draftline.train.objective import capture_features, dflash_loss
 from draftline.train.params import NOT_IN_KEY, TrainParams
 from draftline.train.state import load_latest, save_state, state_key
 
@@ -86,11 +87,24 @@ class Run:
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None
     autocast: bool = False
+    features: FeatureCache | None = None
 
-    def loss(self, model, batch, generator):
+    def loss(self, model, rows: np.ndarray, batch: Batch, generator):
         with torch.autocast(self.d.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            return dflash_loss(model, self.target, batch, anchors_per_seq=self.cfg.anchors_per_seq,
+            if self.features is not None:
+                features = self.features.batch(rows, batch.input_ids.shape[1])
+            else:
+                features = self.online_features(batch)
+            return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq,
                                gamma=self.cfg.gamma, generator=generator)
+
+    @property
+    def feature_bytes(self) -> int:
+        """Bytes of the feature cache (0 when features are computed online)."""
+        return 0 if self.features is None else self.features.flat.numel() * self.features.flat.element_size()
+
+    def online_features(self, batch: Batch) -> torch.Tensor:
+        return capture_features(self.target, batch, self.drafter.target_layer_ids)
 
     def batch(self, rows: np.ndarray):
         return collate(self.dataset, rows, self.cfg.max_length, self.info.pad_token_id or 0).to(self.d.device)
@@ -140,6 +154,7 @@ def train(cfg: TrainParams, paths: Paths = Paths()) -> dict[str, Any]:
         with torch_threads(cfg.threads):
             run = prepare(cfg, paths, d)
             build(run)
+            cache_features(run)
             check = check_memory(run)
             key = state_key(asdict(cfg), NOT_IN_KEY, dataset_digest(paths.merged), run.info.to_dict(),
                             code_digest("draftline.core", "draftline.drafter", "draftline.train"))
@@ -201,6 +216,25 @@ def build(run: Run) -> None:
     )
 
 
+def cache_features(run: Run) -> None:
+    """The target's features of every row, computed once, when they fit ``train.feature_cache_gb`` (else online)."""
+    cfg, d = run.cfg, run.d
+    dtype = next(run.target.parameters()).dtype
+    width = len(run.drafter.target_layer_ids) * run.target.config.get_text_config().hidden_size
+    size = cache_bytes(run.plan, width, dtype.itemsize)
+    if size > cfg.feature_cache_gb * GB:
+        if d.main:
+            log.info("target features computed online at every step: every row's would take %.2f GB, over "
+                     "train.feature_cache_gb=%s", size / GB, cfg.feature_cache_gb)
+        return
+
+    def features_of(rows: np.ndarray) -> torch.Tensor:
+        with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=run.autocast):
+            return run.online_features(run.batch(rows))
+
+    run.features = FeatureCache.fill(run.plan, features_of, width, dtype, d.device, show=d.main)
+
+
 def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
     """The anchor RNG of one step on one rank: a function of (seed, step, rank), so resuming restores it exactly."""
     key = xxhash.xxh64_intdigest(f"{seed}/{step}/{rank}".encode()) & ((1 << 63) - 1)
@@ -215,7 +249,7 @@ def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _shapes(target: torch.nn.Module, drafter: DFlashDrafter, act_bytes: int) -> Shapes:
+def _shapes(target: torch.nn.Module, drafter: DFlashDrafter, act_bytes: int, cached: int) -> Shapes:
     c = drafter.config
     tc = target.config.get_text_config()
     return Shapes(
@@ -232,6 +266,7 @@ def _shapes(target: torch.nn.Module, drafter: DFlashDrafter, act_bytes: int) -> 
         features=len(drafter.target_layer_ids),
         block_size=drafter.block_size,
         act_bytes=act_bytes,
+        resident_bytes=cached,
     )
 
 
@@ -240,15 +275,16 @@ def check_memory(run: Run) -> Preflight:
     cfg, d, plan = run.cfg, run.d, run.plan
 
     def measure(index: int) -> int:
-        batch = run.batch(plan.batches[index])
+        rows = plan.batches[index]
+        batch = run.batch(rows)
         torch.cuda.reset_peak_memory_stats(d.device)
-        run.loss(run.drafter, batch, torch.Generator().manual_seed(cfg.seed)).loss.backward()
+        run.loss(run.drafter, rows, batch, torch.Generator().manual_seed(cfg.seed)).loss.backward()
         run.drafter.zero_grad(set_to_none=True)
         # Adam's two moments are allocated at the first real step: add them.
         return torch.cuda.max_memory_allocated(d.device) + 8 * sum(p.numel() for p in run.drafter.parameters())
 
     check = preflight(
-        _shapes(run.target, run.drafter, 2 if run.autocast else 4), plan.padded_shapes(),
+        _shapes(run.target, run.drafter, 2 if run.autocast else 4, run.feature_bytes), plan.padded_shapes(),
         anchors_per_seq=cfg.anchors_per_seq, limit_gb=cfg.memory_limit_gb, budget=cfg.max_tokens_per_batch,
         rows=plan.rows, lengths=plan.stats.lengths, anchors=plan.stats.anchors,
         measure=measure if d.device.type == "cuda" else None,
@@ -311,8 +347,9 @@ def train_step(run: Run, model: torch.nn.Module, step: int) -> tuple[torch.Tenso
     """One optimiser step; returns ``[loss, tokens, correct per position, counted per position]`` (summed over
     ranks, loss averaged), the learning rate used and the gradient norm before clipping. A non-finite loss or
     gradient norm (on any rank: the sums carry it) leaves the weights as they were: no optimiser step is taken."""
-    batch = run.batch(run.plan.batch_rows(step, run.d.rank))
-    stats = run.loss(model, batch, step_generator(run.cfg.seed, step, run.d.rank))
+    rows = run.plan.batch_rows(step, run.d.rank)
+    batch = run.batch(rows)
+    stats = run.loss(model, rows, batch, step_generator(run.cfg.seed, step, run.d.rank))
     run.optimizer.zero_grad(set_to_none=True)
     stats.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), run.cfg.grad_clip)
@@ -394,6 +431,8 @@ def finish(run: Run, progress: Progress, check: Preflight, paths: Paths, started
         "target_layer_ids": list(run.drafter.target_layer_ids),
         "block_size": cfg.block_size,
         "preflight": check.as_dict(),
+        "target_features": "cached" if run.features is not None else "online",
+        "feature_cache_gb": round(run.feature_bytes / GB, 4),
         "stage_seconds": round(time.perf_counter() - started, 2),
     }
     if run.d.main:

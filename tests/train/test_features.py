@@ -1,0 +1,69 @@
+"""The feature cache: the target's features of every row computed once, read back per batch, counted by the preflight."""
+
+from __future__ import annotations
+
+import shutil
+
+import drafter_support as S
+import numpy as np
+import pytest
+import torch
+
+from draftline.train import trainer as T
+from draftline.train.objective import capture_features
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("features")
+    S.make_target(root)
+    S.make_merged(root, S.make_rows(40))
+    return root
+
+
+def _run(workdir, **params) -> T.Run:
+    torch.set_num_threads(1)
+    run = T.prepare(S.train_params(**params), S.paths(workdir), T.Dist())
+    T.build(run)
+    T.cache_features(run)
+    return run
+
+
+def test_cached_features_are_each_rows_online_features_zero_padded(workdir):
+    run = _run(workdir)
+    assert run.features is not None
+    for step in range(run.plan.steps_per_epoch):
+        rows = run.plan.batch_rows(step, 0)
+        batch = run.batch(rows)
+        online = capture_features(run.target, batch, run.drafter.target_layer_ids)
+        cached = run.features.batch(rows, batch.input_ids.shape[1])
+        real = batch.attention_mask.bool()
+        # The cache was filled from the plan's own batches: the very computation a step would run, bit for bit.
+        assert torch.equal(cached[real], online[real])
+        assert not cached[~real].any()
+
+
+def test_rows_outside_the_plan_are_refused():
+    cache = T.FeatureCache(torch.zeros(5, 2), np.array([0, -1]), np.array([5, 3]))
+    assert cache.batch(np.array([0]), 6)[0, :5].eq(0).all()
+    with pytest.raises(KeyError, match="row 1 is not in the feature cache"):
+        cache.batch(np.array([1]), 6)
+
+
+def test_the_budget_decides_and_the_metrics_and_preflight_say_which(tmp_path, workdir):
+    cached, online = _run(workdir), _run(workdir, feature_cache_gb=0)
+    assert online.features is None and online.feature_bytes == 0
+    rows = cached.plan.tokens * len(cached.drafter.target_layer_ids) * S.HIDDEN * 4
+    assert cached.feature_bytes == rows
+    # The preflight counts the cache as memory held for the whole run.
+    assert T.check_memory(cached).estimated_bytes - T.check_memory(online).estimated_bytes == rows
+    # Both paths train to the same weights (the features are the same bits), so the budget is not in the resume key.
+    weights = {}
+    for name, budget in (("cached", 1.0), ("online", 0.0)):
+        root = tmp_path / name
+        for sub in ("data/target", "data/merged"):
+            shutil.copytree(workdir / sub, root / sub)
+        metrics = T.train(S.train_params(max_steps=3, feature_cache_gb=budget), S.paths(root))
+        assert metrics["target_features"] == name
+        weights[name] = (root / "data" / "checkpoints" / "model.safetensors").read_bytes()
+    assert weights["cached"] == weights["online"]
