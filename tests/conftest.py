@@ -121,7 +121,8 @@ TINY_TARGET_PARAMS = {
     "seed": 0,
     "embedded": {
         "vocab_size": 600, "num_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
-        "num_kv_heads": 2, "max_position_embeddings": 1024, "seq_len": 128, "batch_size": 8, "steps": 100,
+        "num_kv_heads": 2, "max_position_embeddings": 1024, "max_len": 256, "batch_tokens": 512,
+        "source_weights": {"tiny2": 2}, "steps": 100,
         "lr": 3e-3, "warmup_steps": 10, "threads": 1, "held_out": 1, "greedy_tokens": 8,
     },
 }

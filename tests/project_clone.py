@@ -19,12 +19,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 # What makes the embedded default quick enough for a test; every other value is the shipped default.
 SHRINK = {
-    "target": {"embedded": {"num_layers": 4, "hidden_size": 128, "intermediate_size": 384, "steps": 120,
-                            "held_out": 2, "greedy_tokens": 24}},
+    "target": {"embedded": {"steps": 150, "warmup_steps": 15, "held_out": 2, "greedy_tokens": 24}},
     "blend": {"total": 160, "eval_per_source": 2},
     "generate": {"max_tokens": 48},
-    # The shrunk target has 4 layers: tap [1, 2] (never the last).
-    "train": {"max_steps": 40, "save_every": 20, "target_layers": [1, 2]},
+    "train": {"max_steps": 40, "save_every": 20},
     "evaluate": {"max_prompts_per_source": 1, "max_new_tokens": 24},
 }
 # Generated outputs: a clone starts without them, as a fresh checkout does before `dvc pull`.

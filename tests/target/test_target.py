@@ -109,7 +109,7 @@ def test_qwen3_tokenizer_folder_as_target(qwen3_tokenizer_dir, tmp_path):
     with pytest.raises(ValueError, match="no model weights"):
         load_model(info)
     assert json.loads((tmp_path / "metrics.json").read_text())["embedded"] is False
-    assert (tmp_path / "loss.csv").read_text() == "step,loss,lr\n"
+    assert (tmp_path / "loss.csv").read_text() == "step,loss,lr,tokens,reply_tokens\n"
 
 
 def test_config_json_fields_and_mask_token_override(qwen3_tokenizer_dir, tmp_path):
@@ -198,6 +198,53 @@ def test_embedded_build_is_deterministic_and_seeded(embedded_target, tmp_path):
     a, b = load_target(embedded_target), load_target(other)
     assert a.tokenizer_fingerprint == b.tokenizer_fingerprint  # the tokenizer depends on the corpus only
     assert a.model_fingerprint != b.model_fingerprint
+
+
+def test_the_corpus_is_each_first_exchange_as_generation_sends_it(embedded_target):
+    """The prompt is the generation prompt byte for byte (thinking off); the reply is the first assistant turn
+    without its reasoning, up to its end of turn; examples over max_len are counted skips, never cut."""
+    from draftline.core.chat import render
+    from draftline.core.logs import get_logger
+    from draftline.core.skips import Skips
+    from draftline.target.embedded.build import first_exchange, training_examples
+
+    tok = load_tokenizer(load_target(embedded_target))
+    convs = tiny_conversations(8)
+    for conv in convs:
+        ex = first_exchange(tok, conv)
+        first = next(i for i, m in enumerate(conv.messages) if m["role"] == "assistant")
+        prompt = render(tok, conv.messages[:first], conv.tools, enable_thinking=False, generation_prompt=True)
+        assert tok.decode(ex.prompt) == prompt and prompt.endswith("<think>\n\n</think>\n\n")
+        reply = tok.decode(ex.reply)
+        assert reply.endswith("<|im_end|>") and reply.count("<|im_end|>") == 1 and "<think>" not in reply
+        if conv.tools:
+            assert reply.startswith('<tool_call>\n{"name": "get_weather"')
+    assert first_exchange(tok, Conversation("x", 0, [{"role": "user", "content": "hi"}])) is None
+
+    skips = Skips(get_logger("test"))
+    longest = max(len(first_exchange(tok, c)) for c in convs)
+    kept = training_examples(tok, convs, longest - 1, skips)
+    assert 0 < skips.counts["too_long"] == len(convs) - sum(map(len, kept.values()))
+    assert all(len(e) <= longest - 1 for exs in kept.values() for e in exs)
+
+
+def test_batches_take_one_source_within_the_budget_and_label_replies_only():
+    import torch
+
+    from draftline.target.embedded.build import IGNORE, Example, _SourceBatches
+
+    examples = {"a": [Example([1, 2, 3], [4, 5]), Example([1, 2], [6])], "b": [Example([7] * 10, [8, 9])]}
+    batches = _SourceBatches(examples, {"b": 0.0}, batch_tokens=12, pad=0, seed=0)
+    for _ in range(6):  # weight 0: source b is never drawn
+        ids, labels, mask = batches.next()
+        assert ids.shape[0] * ids.shape[1] <= 12 and set(ids.flatten().tolist()) <= {0, 1, 2, 3, 4, 5, 6}
+        for row, lab, m in zip(ids.tolist(), labels.tolist(), mask.tolist()):
+            n = sum(m)
+            # position t is trained to predict token t + 1, and only where that token is the reply's
+            supervised = [row[t + 1] for t in range(n - 1) if lab[t] != IGNORE]
+            assert supervised in ([4, 5], [6]) and all(x == IGNORE for x in lab[n - 1:])
+    one = _SourceBatches({"b": examples["b"]}, {}, batch_tokens=12, pad=0, seed=0).next()[0]
+    assert one.shape == (1, 12)  # a batch always holds one example, even one as long as the budget
 
 
 def test_embedded_stage_from_raw_sources(tmp_path):

@@ -34,7 +34,7 @@ log = get_logger("target")
 
 EMBEDDED = "embedded"
 MODEL_DIR = "model"
-LOSS_COLUMNS = ["step", "loss", "lr"]
+LOSS_COLUMNS = ["step", "loss", "lr", "tokens", "reply_tokens"]
 
 
 @dataclass(frozen=True)

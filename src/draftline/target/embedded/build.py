@@ -2,8 +2,15 @@
 
 It stands in for a real Qwen3 checkpoint so that the whole pipeline runs on a laptop: it is saved with
 ``save_pretrained`` (config.json, model.safetensors, tokenizer files, chat template) and every later stage loads it
-with ``AutoTokenizer`` / ``AutoModelForCausalLM`` exactly as it would load Qwen3. Training is plain next-token
-prediction over whole rendered conversations, packed into fixed-length rows, every source an equal share of rows.
+with ``AutoTokenizer`` / ``AutoModelForCausalLM`` exactly as it would load Qwen3.
+
+What it learns is what generation asks of it: each conversation's first exchange, the prompt rendered exactly as
+the prompts stage and generation render it (thinking off, the generation prompt ``<think>\n\n</think>\n\n`` at its
+end) and the first assistant reply after it, up to and including its end of turn. The loss is on the reply alone
+(a tool call, an answer), never on the prompt: a 600-token tool schema is context to read, not text to write, and
+the reply's end of turn is what stops a greedy reply from running away. Each example is one row, whole (never cut:
+an example longer than ``max_len`` is a counted skip), batched with examples of the same source up to a budget of
+padded tokens; sources are drawn by ``source_weights``.
 
 Held out: per source, a fixed hash-ranked few conversations are never trained on; their prompts are answered
 greedily after training and scored (runaway replies, well-formed tool calls) in the stage's metrics, so what the
@@ -24,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 import xxhash
 from tqdm import tqdm
 from transformers import (
@@ -54,47 +62,81 @@ class EmbeddedBuild:
     samples: list[dict[str, Any]]
 
 
-IGNORE = -100  # label of padding: no loss
+IGNORE = -100  # label of prompt tokens and padding: no loss
 
 
-def _pack(token_lists: list[list[int]], sep_id: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate documents, each followed by ``sep_id`` (Qwen's document separator), into rows of ``seq_len``.
+@dataclass(frozen=True)
+class Example:
+    """One first exchange, tokenized: the prompt as generation sends it, the reply the target should write."""
 
-    Returns ``(input_ids, labels)``; the last row is padded with ``sep_id`` and labelled ``IGNORE``, so no token
-    is dropped and a source smaller than one row still trains.
+    prompt: list[int]
+    reply: list[int]  # ends with the end-of-turn token
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.reply)
+
+
+def first_exchange(tok: PreTrainedTokenizerFast, conv: Conversation) -> Example | None:
+    """The conversation's prompt (everything before its first assistant reply) and that reply, as generation sees
+    them: thinking off, the reply without its reasoning. None when the conversation has no reply to learn."""
+    prompt = _prompt_of(conv)
+    if prompt is None:
+        return None
+    reply = {k: v for k, v in conv.messages[len(prompt)].items() if k != "reasoning_content"}
+    prompt_text = render(tok, prompt, conv.tools, enable_thinking=False, generation_prompt=True)
+    whole = render(tok, [*prompt, reply], conv.tools, enable_thinking=False, generation_prompt=False)
+    if not whole.startswith(prompt_text):
+        raise ValueError("the chat template renders a prompt differently alone and before its reply")
+    eot = tok.convert_tokens_to_ids(EOS)
+    reply_ids = tok(whole[len(prompt_text):], add_special_tokens=False).input_ids
+    if eot not in reply_ids:
+        raise ValueError("the chat template wrote no end of turn after the reply")
+    return Example(tok(prompt_text, add_special_tokens=False).input_ids, reply_ids[: reply_ids.index(eot) + 1])
+
+
+class _SourceBatches:
+    """Each step: one source, drawn by weight, and the next examples of its own reshuffled queue, as many as fit
+    ``batch_tokens`` padded tokens (at least one).
+
+    The sample sources differ twentyfold in prompt length (tool schemas in every system prompt) and tool replies are
+    the hardest to learn: drawing sources by weight, not by size, gives each the steps it needs; one source per batch
+    keeps lengths alike, so padding stays small.
     """
-    flat = [t for ids in token_lists for t in (*ids, sep_id)]
-    n_rows = -(-len(flat) // seq_len)
-    ids = torch.full((n_rows * seq_len,), sep_id, dtype=torch.long)
-    labels = torch.full((n_rows * seq_len,), IGNORE, dtype=torch.long)
-    ids[: len(flat)] = labels[: len(flat)] = torch.tensor(flat, dtype=torch.long)
-    return ids.view(n_rows, seq_len), labels.view(n_rows, seq_len)
 
-
-class _BalancedBatches:
-    """Batches in which every source is equally likely, whatever its size in tokens.
-
-    The sample sources differ tenfold in tokens per conversation (tool schemas repeated in every system prompt),
-    and a tiny model trained for well under an epoch would otherwise spend most steps on the few long ones.
-    Each slot draws a source uniformly, then the next row of that source's own reshuffled queue.
-    """
-
-    def __init__(self, packed: dict[str, tuple[torch.Tensor, torch.Tensor]], batch_size: int, seed: int):
-        self.packed, self.names, self.batch_size = packed, sorted(packed), batch_size
+    def __init__(self, examples: dict[str, list[Example]], weights: dict[str, float], batch_tokens: int, pad: int,
+                 seed: int):
+        self.examples, self.names = examples, sorted(examples)
+        self.weights = torch.tensor([float(weights.get(n, 1.0)) for n in self.names])
+        self.batch_tokens, self.pad = batch_tokens, pad
         self.gen = torch.Generator().manual_seed(seed)
         self.queues: dict[str, list[int]] = {n: [] for n in self.names}
 
-    def _next_row(self, name: str) -> int:
+    def _peek(self, name: str) -> Example:
         if not self.queues[name]:  # reshuffle at each pass over the source
-            self.queues[name] = torch.randperm(len(self.packed[name][0]), generator=self.gen).tolist()
-        return self.queues[name].pop()
+            self.queues[name] = torch.randperm(len(self.examples[name]), generator=self.gen).tolist()
+        return self.examples[name][self.queues[name][-1]]
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        picks = torch.randint(len(self.names), (self.batch_size,), generator=self.gen).tolist()
-        rows = [(self.names[i], self._next_row(self.names[i])) for i in picks]
-        ids = torch.stack([self.packed[n][0][r] for n, r in rows])
-        labels = torch.stack([self.packed[n][1][r] for n, r in rows])
-        return ids, labels
+    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(input_ids, labels, attention_mask)``, right-padded; labels only on the replies."""
+        name = self.names[torch.multinomial(self.weights, 1, generator=self.gen).item()]
+        rows: list[Example] = []
+        width = 0
+        while True:
+            ex = self._peek(name)
+            if rows and (len(rows) + 1) * max(width, len(ex)) > self.batch_tokens:
+                break
+            rows.append(ex)
+            self.queues[name].pop()
+            width = max(width, len(ex))
+        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
+        labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, ex in enumerate(rows):
+            n, p = len(ex), len(ex.prompt)
+            ids[i, :n] = torch.tensor(ex.prompt + ex.reply)
+            labels[i, p - 1 : n - 1] = torch.tensor(ex.reply)  # position t predicts token t + 1
+            mask[i, :n] = 1
+        return ids, labels, mask
 
 
 def _model_config(spec: EmbeddedParams, tok: PreTrainedTokenizerFast) -> Qwen3Config:
@@ -124,21 +166,25 @@ def _lr_at(step: int, spec: EmbeddedParams) -> float:
     return spec.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def _train(model: Qwen3ForCausalLM, batches: _BalancedBatches, spec: EmbeddedParams) -> list[dict[str, Any]]:
+def _train(model: Qwen3ForCausalLM, batches: _SourceBatches, spec: EmbeddedParams) -> list[dict[str, Any]]:
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
     curve = []
     model.train()
     for step in tqdm(range(spec.steps), desc="target: training", unit="step"):
-        ids, labels = batches.next()
+        ids, labels, mask = batches.next()
         lr = _lr_at(step, spec)
         for group in opt.param_groups:
             group["lr"] = lr
-        loss = model(input_ids=ids, labels=labels).loss
+        # The lm_head only where a reply token is predicted: most positions are prompt.
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        supervised = labels != IGNORE
+        loss = F.cross_entropy(model.lm_head(hidden[supervised]), labels[supervised])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        curve.append({"step": step + 1, "loss": round(loss.item(), 5), "lr": round(lr, 8)})
+        curve.append({"step": step + 1, "loss": round(loss.item(), 5), "lr": round(lr, 8),
+                      "tokens": ids.numel(), "reply_tokens": int(supervised.sum())})
     return curve
 
 
@@ -201,6 +247,22 @@ def held_out_rates(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return rates
 
 
+def training_examples(
+    tok: PreTrainedTokenizerFast, conversations: list[Conversation], max_len: int, skips: Skips
+) -> dict[str, list[Example]]:
+    """Per source, the first exchanges of ``conversations`` that fit ``max_len`` tokens (longer ones: counted skips)."""
+    out: dict[str, list[Example]] = {}
+    for conv in conversations:
+        ex = first_exchange(tok, conv)
+        if ex is None:
+            continue
+        if len(ex) > max_len:
+            skips.add("too_long", f"{conv.source} row {conv.row}", f"{len(ex)} tokens > target.embedded.max_len={max_len}")
+            continue
+        out.setdefault(conv.source, []).append(ex)
+    return out
+
+
 def build_embedded_target(
     conversations: Iterable[Conversation], out_dir: str | Path, spec: EmbeddedParams, seed: int, skips: Skips
 ) -> EmbeddedBuild:
@@ -213,15 +275,14 @@ def build_embedded_target(
     kept, texts = [c for c, _ in pairs], [t for _, t in pairs]
     # The vocabulary is learnt from every conversation (a real tokenizer has seen any text); the model is not.
     tok = train_tokenizer(texts, spec.vocab_size, spec.max_position_embeddings)
-    sep = tok.convert_tokens_to_ids(PAD)
     held = held_out(kept, spec.held_out)
-    by_source: dict[str, list[list[int]]] = {}
-    for conv, ids in zip(kept, tok(texts, add_special_tokens=False).input_ids):
-        if (conv.source, conv.row) not in held:
-            by_source.setdefault(conv.source, []).append(ids)
-    packed = {name: _pack(docs, sep, spec.seq_len) for name, docs in by_source.items()}
-    corpus_tokens = sum(int((labels != IGNORE).sum()) for _, labels in packed.values())
-    log.info("corpus: %d conversations, %d tokens, %d sources", len(texts), corpus_tokens, len(packed))
+    examples = training_examples(tok, [c for c in kept if (c.source, c.row) not in held], spec.max_len, skips)
+    if not examples:
+        raise ValueError("no conversation has a first exchange the embedded target can learn: check the sources")
+    corpus_tokens = sum(len(e) for exs in examples.values() for e in exs)
+    reply_tokens = sum(len(e.reply) for exs in examples.values() for e in exs)
+    log.info("corpus: %d first exchanges, %d tokens (%d of replies), %d sources",
+             sum(map(len, examples.values())), corpus_tokens, reply_tokens, len(examples))
 
     with torch_threads(spec.threads, deterministic=True):
         torch.manual_seed(seed)
@@ -232,22 +293,26 @@ def build_embedded_target(
             bos_token_id=config.bos_token_id,
         )
         t_train = time.perf_counter()
-        curve = _train(model, _BalancedBatches(packed, spec.batch_size, seed), spec)
+        batches = _SourceBatches(examples, spec.source_weights, spec.batch_tokens, tok.convert_tokens_to_ids(PAD), seed)
+        curve = _train(model, batches, spec)
         train_s = time.perf_counter() - t_train
         samples = _greedy_held_out(model, tok, [c for c in kept if (c.source, c.row) in held], spec)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    trained_tokens = spec.steps * spec.batch_size * spec.seq_len
+    trained_tokens = sum(r["tokens"] for r in curve)
+    trained_replies = sum(r["reply_tokens"] for r in curve)
     last = curve[-min(10, len(curve)):]
     metrics = {
         "parameters": sum(p.numel() for p in model.parameters()),
-        "corpus_conversations": len(texts) - len(held),
+        "corpus_conversations": sum(map(len, examples.values())),
         "held_out": held_out_rates(samples),
         "corpus_tokens": corpus_tokens,
-        "epochs": round(trained_tokens / corpus_tokens, 3),
+        "corpus_reply_tokens": reply_tokens,
+        "epochs": round(trained_replies / reply_tokens, 3),
         "train_tokens": trained_tokens,
+        "train_reply_tokens": trained_replies,
         "first_loss": curve[0]["loss"],
         "final_loss": round(sum(r["loss"] for r in last) / len(last), 4),
         "train_s": round(train_s, 1),

@@ -18,8 +18,9 @@ class EmbeddedParams(Params):
     num_heads: int
     num_kv_heads: int
     max_position_embeddings: int
-    seq_len: int
-    batch_size: int
+    max_len: int
+    batch_tokens: int
+    source_weights: dict[str, float]
     steps: int
     lr: float
     warmup_steps: int
@@ -28,6 +29,11 @@ class EmbeddedParams(Params):
     greedy_tokens: int
 
     def validate(self, where: str) -> None:
+        if self.batch_tokens < self.max_len:
+            raise ParamsError(f"params.yaml: {where}.batch_tokens ({self.batch_tokens}) must be >= max_len "
+                              f"({self.max_len}): the longest example must fit a batch")
+        if any(w < 0 for w in self.source_weights.values()):
+            raise ParamsError(f"params.yaml: {where}.source_weights maps source names to weights >= 0")
         if self.num_layers < 4:
             raise ParamsError(f"params.yaml: {where}.num_layers must be >= 4: the drafter taps several target layers")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
