@@ -227,9 +227,13 @@ def test_the_corpus_is_each_first_exchange_as_generation_sends_it(embedded_targe
     assert 0 < skips.counts["too_long"] == len(convs) - sum(map(len, kept.values()))
     assert all(len(e) <= longest - 1 for exs in kept.values() for e in exs)
 
+    # A reply the template cannot render costs that example, counted, never the build.
+    broken = Conversation("x", 1, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a", "tool_calls": "x"}])
+    assert training_examples(tok, [broken, convs[0]], 4096, skips) == {convs[0].source: [first_exchange(tok, convs[0])]}
+    assert skips.counts["first_exchange_error"] == 1
+
 
 def test_batches_take_one_source_within_the_budget_and_label_replies_only():
-    import torch
 
     from draftline.target.embedded.build import IGNORE, Example, _SourceBatches
 

@@ -1,7 +1,7 @@
 """The target's features of every training row, computed once and kept in memory: SpecForge's offline mode, in RAM.
 
-Online training runs the frozen target over every batch at every step; on the embedded default that forward was
-65% of a step, repeated for each of ~18 passes over the same rows. When the features of all rows fit
+Online training runs the frozen target over every batch at every step; on the 6 x 256 embedded target of the time
+that forward was 65% of a step, repeated for each of ~18 passes over the same rows. When the features of all rows fit
 ``train.feature_cache_gb`` they are computed in one pass and every step reads them instead.
 
 * The cache is filled by one pass over the plan's batches in index order: its contents depend on the data, the

@@ -1,8 +1,9 @@
 """Training the DFlash drafter online on the frozen target: one process, or one rank of DDP under torchrun.
 
 Read top to bottom: :func:`train` sets up the ranks, :func:`prepare` plans the batches from the training set,
-:func:`build` makes the target, the drafter and the optimiser, :func:`cache_features` computes the target's features
-of every row once when they fit in memory, :func:`check_memory` refuses a run whose worst batch would not fit, :func:`resume` restores the newest state of the same inputs, :func:`fit` runs the steps, and
+:func:`build` makes the target, the drafter and the optimiser, :func:`cache_features` computes the target's
+features of every row once when they fit in memory, :func:`check_memory` refuses a run whose worst batch would not
+fit, :func:`resume` restores the newest state of the same inputs, :func:`fit` runs the steps, and
 :func:`finish` writes the checkpoint, the metrics and the loss curve. Rank 0 alone writes files. The checkpoint's
 config carries the data's lineage (tokenizer fingerprint, chat template, thinking mode, mask token), so evaluation
 and serving read them from the drafter instead of from params.

@@ -250,10 +250,15 @@ def held_out_rates(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def training_examples(
     tok: PreTrainedTokenizerFast, conversations: list[Conversation], max_len: int, skips: Skips
 ) -> dict[str, list[Example]]:
-    """Per source, the first exchanges of ``conversations`` that fit ``max_len`` tokens (longer ones: counted skips)."""
+    """Per source, the first exchanges of ``conversations`` that fit ``max_len`` tokens; longer ones and ones the
+    template cannot render as prompt + reply are counted skips."""
     out: dict[str, list[Example]] = {}
     for conv in conversations:
-        ex = first_exchange(tok, conv)
+        try:
+            ex = first_exchange(tok, conv)
+        except Exception as e:  # a malformed reply costs one example, not the build
+            skips.add("first_exchange_error", f"{conv.source} row {conv.row}", f"{type(e).__name__}: {e}")
+            continue
         if ex is None:
             continue
         if len(ex) > max_len:
