@@ -16,7 +16,7 @@ once, when torch loads: ``active``, a waiting thread spins (how libgomp behaves 
 
 It prints, per stage, policy and thread count, the quiet time, the loaded time and their ratio.
 
-    python bench/threads.py             # about 20 minutes on 2 cores (24 cells x 2 loads x 3 reps, ~15 s each)
+    python bench/threads.py             # about 20 minutes on 2 cores (12 cells x 2 loads x 3 reps, ~15 s each)
     python bench/threads.py --reps 1 --steps 10 --stages train
 """
 
