@@ -4,15 +4,21 @@ For each seed, a temporary git + DVC clone of this repository (tests/project_clo
 ``target.seed`` changed: a stand-in for another CPU's float arithmetic) runs ``dvc repro`` from nothing. It prints,
 seeds side by side:
 
-- wall time per stage (the ``stage_seconds`` each stage writes in its metrics; foreach groups summed), the whole
-  ``dvc repro``, and what is neither (DVC itself and each stage's interpreter start-up);
-- tau overall and per source, lossless share (metrics/eval.json);
+- wall time per stage (the ``stage_seconds`` of each stage's run file, ``reports/<stage>.run.json``; foreach groups
+  summed), the whole ``dvc repro``, and what is neither (DVC itself and each stage's interpreter start-up);
+- tau overall and per source, lossless share (metrics/eval.json, reports/eval.json);
 - per source: greedy tool-call rate of the completions (replies carrying structured ``tool_calls``, of the prompts
   that offered tools), truncation rate (replies cut at ``generate.max_tokens``, of the prompts sent), and the target
-  stage's held-out tool-call and runaway rates (metrics/target.json).
+  stage's held-out tool-call and runaway rates (reports/target.json).
+
+``--beside busy`` runs each ``dvc repro`` beside one ``while True: pass`` process in a session of its own (as a
+user's other work runs: the kernel's autogroup then shares the CPU between the two sessions), ``--beside niced``
+beside the same process under ``nice -n 19``: the defaults must hold their speed there without the user setting
+anything.
 
     python bench/embedded.py                 # seeds 0 1 2, about 10 minutes each on a quiet 2-core machine
     python bench/embedded.py --seeds 0 --keep /tmp/embedded   # one seed, keep the clone to look at
+    python bench/embedded.py --seeds 0 --beside busy
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 import argparse  # noqa: E402
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 from collections import Counter
+from contextlib import contextmanager
 from typing import Any
 
 from project_clone import make_project, run
@@ -37,18 +45,13 @@ STAGES = ("sources", "conversations", "target", "prompts", "generate", "tokenize
 
 
 def stage_seconds(root: Path) -> dict[str, float]:
-    """Each stage's own ``stage_seconds`` (foreach groups summed over their entries)."""
+    """Each stage's own ``stage_seconds`` from its run file (foreach groups summed over their entries)."""
     out = {}
     for stage in STAGES:
-        files = sorted((root / "metrics" / stage).glob("*.json")) or [root / "metrics" / f"{stage}.json"]
-        if stage == "evaluate":
-            files = [root / "metrics" / "eval.json"]
-        out[stage] = sum(_stage_s(json.loads(f.read_text())) for f in files)
+        name = "eval" if stage == "evaluate" else stage
+        files = sorted((root / "reports" / stage).glob("*.run.json")) or [root / "reports" / f"{name}.run.json"]
+        out[stage] = sum(float(json.loads(f.read_text())["stage_seconds"]) for f in files)
     return out
-
-
-def _stage_s(metrics: dict[str, Any]) -> float:
-    return float(metrics.get("stage_seconds", metrics.get("run", {}).get("stage_seconds", 0.0)))
 
 
 def completion_rates(root: Path) -> dict[str, dict[str, float]]:
@@ -60,7 +63,7 @@ def completion_rates(root: Path) -> dict[str, dict[str, float]]:
             if row.get("tools"):
                 offered[row["source"]] += 1
                 called[row["source"]] += any(m.get("tool_calls") for m in row["messages"] if m["role"] == "assistant")
-    generate = json.loads((root / "metrics" / "generate.json").read_text())["per_source"]
+    generate = json.loads((root / "reports" / "generate.json").read_text())["per_source"]
     out = {}
     for source, m in sorted(generate.items()):
         sent = m["completions"] + m["truncated"] + m["failed"]
@@ -71,15 +74,31 @@ def completion_rates(root: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def measure(seed: int, keep: Path | None) -> dict[str, Any]:
+@contextmanager
+def beside(load: str):
+    """A busy process in a session of its own (``busy``), the same under ``nice -n 19`` (``niced``), or none."""
+    if load == "none":
+        yield
+        return
+    cmd = ["setsid", *(["nice", "-n", "19"] if load == "niced" else []), sys.executable, "-c", "while True: pass"]
+    spinner = subprocess.Popen(cmd)
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def measure(seed: int, keep: Path | None, load: str) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"embedded-seed{seed}-"))
     try:
         env = make_project(root, {"target": {"seed": seed}})
         t0 = time.perf_counter()
-        run(["dvc", "repro"], root, env, timeout=7200)
+        with beside(load):
+            run(["dvc", "repro"], root, env, timeout=7200)
         wall = time.perf_counter() - t0
-        ev = json.loads((root / "metrics" / "eval.json").read_text())
-        target = json.loads((root / "metrics" / "target.json").read_text())
+        ev = json.loads((root / "reports" / "eval.json").read_text())
+        target = json.loads((root / "reports" / "target.json").read_text())
         return {"seed": seed, "wall": wall, "stages": stage_seconds(root), "tau": ev["tau"],
                 "tau_per_source": ev["tau_per_source"], "lossless": ev["lossless"],
                 "completions": completion_rates(root), "held_out": target.get("held_out", {})}
@@ -127,10 +146,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--keep", type=Path, default=None, help="copy each clone here before it is removed")
+    ap.add_argument("--beside", choices=["none", "busy", "niced"], default="none",
+                    help="run each dvc repro beside a busy process (niced: under nice -n 19)")
     args = ap.parse_args()
     results = []
     for seed in args.seeds:
-        results.append(measure(seed, args.keep))
+        results.append(measure(seed, args.keep, args.beside))
         print(f"seed {seed}: dvc repro {results[-1]['wall']:.0f} s, tau {results[-1]['tau']:.3f}", flush=True)
     print(report(results))
 

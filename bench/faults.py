@@ -62,9 +62,11 @@ def stage_names(root: Path) -> dict[str, str]:
 
 
 def outputs(root: Path) -> list[Path]:
-    """Every ``outs`` path of the pipeline (metrics and plots carry timings, so they are not compared)."""
+    """Every ``outs`` path of the pipeline: the data, the metrics and the reports (byte-identical between runs of the
+    same inputs on one machine; the run files, which carry times, are not outputs)."""
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
-    return sorted({root / o["path"] for s in lock.values() for o in s.get("outs", []) if o["path"].startswith("data/")})
+    return sorted({root / o["path"] for s in lock.values() for o in s.get("outs", [])
+                   if o["path"].startswith(("data/", "metrics/", "reports/"))})
 
 
 def file_digests(paths: list[Path], root: Path) -> dict[str, str]:
@@ -156,8 +158,8 @@ def resumed_note(stage: str, name: str, root: Path, log: str, before: dict[str, 
         expect = max(saved) if saved else 0
         return f"step {got} (last state {expect})" + ("" if got == expect else " MISMATCH")
     if stage == "generate":
-        metrics = json.loads((root / "metrics/generate.json").read_text())
-        return f"{metrics['run']['resumed']} from journal ({before['journaled']} journaled)"
+        run_ = json.loads((root / "reports/generate.run.json").read_text())
+        return f"{run_['resumed']} from journal ({before['journaled']} journaled)"
     return ""
 
 

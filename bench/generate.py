@@ -66,7 +66,9 @@ def bench_client(n: int, slots: int, latency: float, concurrency: int) -> None:
     from draftline.core.records import PromptRecord
     from draftline.generate.journal import Journal
     from draftline.generate.params import GenerateParams
-    from draftline.generate.stage import Progress, generate_remote
+    from draftline.generate.progress import Progress
+    from draftline.generate.remote import generate_remote
+    from draftline.generate.work import Plan, Work
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,7 +90,7 @@ def bench_client(n: int, slots: int, latency: float, concurrency: int) -> None:
         journal = Journal(tmp)
         progress = Progress(n)
         cpu0, t0 = time.process_time(), time.monotonic()
-        asyncio.run(generate_remote(prompts, {}, s, [url], "m", journal, {}, progress))
+        asyncio.run(generate_remote(Work(Plan(prompts, prompts), journal, {}, progress), s, [url], "m"))
         wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
         progress.close()
         journal.close()
@@ -104,15 +106,19 @@ def bench_client(n: int, slots: int, latency: float, concurrency: int) -> None:
 
 
 def bench_local(n: int, target_dir: Path, max_tokens: int = 64) -> None:
+    from draftline.core.params import load_section
     from draftline.core.target import load_target
     from draftline.generate.local import LocalBackend
+    from draftline.generate.params import GenerateParams
 
     if not (target_dir / "target.json").exists():
         print(f"local: {target_dir}/target.json not found; build the embedded target first: dvc repro target")
         return
+    defaults = load_section("generate", REPO / "params.yaml")  # params.yaml's local settings, device auto
+    s = GenerateParams.parse({**defaults, "max_tokens": max_tokens, "temperature": 0.0,
+                              "local": {**defaults["local"], "device": "auto"}}, "generate")
     t0 = time.monotonic()
-    backend = LocalBackend(load_target(target_dir), {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0,
-                                                     "top_k": -1, "seed": 0}, False, {"device": "auto"})
+    backend = LocalBackend(load_target(target_dir / "target.json"), s.sampling, False, s.local)
     load_s = time.monotonic() - t0
     reqs = [([{"role": "user", "content": f"What is {i % 9 + 1} plus {i % 7 + 2}?"}], None) for i in range(n)]
     t0 = time.monotonic()

@@ -46,7 +46,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from draftline.core import dataset as fmt  # noqa: E402
 from draftline.core.files import write_json  # noqa: E402
 from draftline.core.params import load_section  # noqa: E402
-from draftline.merge.stage import MergeParams, run_merge  # noqa: E402
+from draftline.core.runner import execute  # noqa: E402
+from draftline.merge.params import MergeParams  # noqa: E402
+from draftline.merge.stage import MergeArgs, run_merge  # noqa: E402
 from draftline.target.describe import describe_target  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +146,9 @@ def main() -> None:
         def merge(name: str, **params) -> None:
             defaults = load_section("merge", REPO / "params.yaml")
             params = MergeParams.parse({**defaults, "base": str(work / "bases/r1"), **params}, "merge")
-            run_merge(params, work / "tokenized", work / "target", work / f"merged-{name}", work / f"m-{name}.json")
+            args = MergeArgs(tokenized=work / "tokenized", target=work / "target/target.json", out=work / f"merged-{name}",
+                             metrics=work / f"m-{name}.json", report=work / f"report-{name}.json")
+            execute("merge", run_merge, params, args)
 
         steps = {
             "write the new shards alone": write_new,
@@ -159,7 +163,7 @@ def main() -> None:
                 runs[name].append(timed(step))
         wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
         cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
-        metrics = json.loads((work / "m-auto.json").read_text())
+        metrics = json.loads((work / "report-auto.json").read_text())
         carried_by = metrics["carried_by"]
         (work / "merged-auto").rename(work / "merged")
         for name in ("nocheck", "copy"):

@@ -291,18 +291,24 @@ def set_params(root: Path, section: str, **values: Any) -> None:
 
 
 def metrics(root: Path, stage: str) -> dict[str, Any]:
+    """A stage's headline figures."""
     return json.loads((root / f"metrics/{stage}.json").read_text())
 
 
+def stage_report(root: Path, stage: str) -> dict[str, Any]:
+    """A stage's details."""
+    return json.loads((root / f"reports/{stage}.json").read_text())
+
+
 def tokenize_rows(step: Step, root: Path, lines: int) -> None:
-    m = metrics(root, "tokenize")
+    m = stage_report(root, "tokenize")
     step.rows_in, step.rows_out = f"{lines:,} completions", f"{m['samples']:,} rows"
     step.why = ", ".join(f"{k} {v}" for k, v in m["skips"].items()) or "-"
     step.extra = {"tokens": m["total_tokens"], "len_mean": m["len_mean"], "len_p90": m["len_p90"]}
 
 
 def merge_rows(step: Step, root: Path) -> None:
-    m = metrics(root, "merge")
+    m = stage_report(root, "merge")
     base = m["base"]["samples"] if m["base"] else 0
     step.rows_in = f"{base:,} base + {m['new']['samples']:,} new"
     step.rows_out = f"{m['merged']['samples']:,} rows"
@@ -335,7 +341,9 @@ def run_fraction(f: float, work: Path, corpus: Corpus, tok: Any, target: Path) -
     root.mkdir(parents=True)
     env = make_project(root, CLONE_PARAMS, {"target": {"path": str(target), "hash_weights": False}})
     dvc = str(Path(sys.executable).with_name("dvc"))
-    run([sys.executable, "stages/target.py"], root, env)
+    run([sys.executable, "stages/target.py", "--conversations", "data/conversations", "--out", "data/target",
+         "--metrics", "metrics/target.json", "--report", "reports/target.json", "--plot", "plots/target_loss.csv"],
+        root, env)
     n_new, n_base = round(FULL["completions"] * f), round(FULL["base_rows"] * f)
     print(f"[F={f:g}] legacy base: {n_base:,} rows, ~{FULL['base_tokens'] * f / 1e6:,.0f}M tokens ...", flush=True)
     write_legacy_base(root / "data/bases/legacy", corpus, tok, n_base, FULL["base_tokens"] * f, seed=1)
@@ -347,7 +355,7 @@ def run_fraction(f: float, work: Path, corpus: Corpus, tok: Any, target: Path) -
             prep = measured("round-2 base: cp -rl + dvc add",
                             ["sh", "-c", f"cp -rl data/merged data/bases/round1 && {dvc} add -q data/bases/round1"],
                             root, env)
-            prep.rows_in = prep.rows_out = f"{metrics(root, 'merge')['merged']['samples']:,} rows"
+            prep.rows_in = prep.rows_out = f"{stage_report(root, 'merge')['merged']['samples']:,} rows"
             steps.append(prep)
         print(f"[F={f:g}] round {r}: {n_new:,} completions ...", flush=True)
         write_completions(root / "data/completions", corpus, n_new, r, seed=10 + r)
@@ -361,14 +369,15 @@ def run_fraction(f: float, work: Path, corpus: Corpus, tok: Any, target: Path) -
                               [dvc, "repro", "-s", "merge"], root, env))
         merge_rows(steps[-1], root)
         meta = json.loads((root / "data/merged/draftline.json").read_text())
-        carried = metrics(root, "merge")["base_shards_carried"]
+        carried = stage_report(root, "merge")["base_shards_carried"]
         rounds[r] = sum(s["num_bytes"] for s in meta["shards"][carried:]) if carried else None
         run(["git", "add", "-A"], root, env)
         run(["git", "commit", "-qm", f"round {r}"], root, env)
     steps.append(measured("train (to step 1)", [dvc, "repro", "-s", "train"], root, env))
     t = metrics(root, "train")
     steps[-1].rows_in, steps[-1].rows_out = f"{json.loads((root / 'data/merged/draftline.json').read_text())['num_rows']:,} rows", f"{t['rows']:,} planned"
-    steps[-1].why = ", ".join(f"{k} {v}" for k, v in t["rows_skipped"].items()) or "-"
+    skips = json.loads((root / "reports/train.json").read_text())["skips"]  # by reason: the report's, not the metrics'
+    steps[-1].why = ", ".join(f"{k} {v}" for k, v in skips.items()) or "-"
     r2 = [s for s in steps if s.name.startswith(("round-2 base", "merge r2"))]
     tok_step = next(s for s in steps if s.name == "tokenize r1")
     return {"steps": steps, "round2_new_bytes": rounds[2],

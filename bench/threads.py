@@ -1,131 +1,170 @@
-"""Thread counts and OpenMP's wait policy for the float stages: the target build, training and local generation at
-1 and 2 torch threads, alone and beside a process that keeps one core busy, measured side by side in one run
-(issue 12: no 8x slowdown under load).
+"""The float stages beside another busy process: quiet, beside one busy process, beside one ``nice -n 19`` busy
+process, side by side in one run (issue 21: the defaults hold their speed without the user setting anything).
 
-On the committed embedded default (``data/conversations``, ``data/target``, ``data/merged``, ``data/prompts``: run
-``dvc repro`` or ``dvc pull`` first). Every cell runs in a fresh process, since OpenMP reads ``OMP_WAIT_POLICY``
-once, when torch loads: ``active``, a waiting thread spins (how libgomp behaves when the variable is unset);
-``passive``, it sleeps (what the docs suggest on a shared machine; the same bytes). Each cell is the median of
-``--reps`` alternating repetitions:
+Each cell runs a shortened stage exactly as ``stages/<stage>.py`` runs it (``draftline.core.runner.execute``, the
+shipped params.yaml, a temporary output folder) in a fresh interpreter, since OpenMP reads its wait policy once,
+when torch loads. The busy process is ``while True: pass`` started with ``setsid`` (a session of its own, as a
+user's other terminal or job is: with the kernel's autogroup, the CPU is then shared between the two sessions, so a
+``nice -n 19`` inside the other session does not yield to us). Policies:
 
-- target: seconds per optimizer step of the embedded target's build (params.yaml's target.embedded, ``--steps``
-  steps, in a temporary folder);
-- train: seconds per optimizer step over ``--steps`` steps of the train stage's own loop (params.yaml's train
-  section, its resumable states in a temporary cache);
-- generate: seconds per batch of ``generate.local.batch_size`` prompts of the local backend.
+- ``draftline``: the environment as a user has it, no OpenMP variable set: what draftline sets for itself
+  (``draftline/__init__.py``: OMP_WAIT_POLICY=PASSIVE);
+- ``active``: OMP_WAIT_POLICY=ACTIVE, waiting threads spin (libgomp's behaviour before draftline set a policy);
+- ``spin:N``: GOMP_SPINCOUNT=N, waiting threads spin N times, then sleep.
 
-It prints, per stage, policy and thread count, the quiet time, the loaded time and their ratio.
+Cells (on the committed embedded default: ``dvc repro`` or ``dvc pull`` first):
 
-    python bench/threads.py             # about 20 minutes on 2 cores (12 cells x 2 loads x 3 reps, ~15 s each)
-    python bench/threads.py --reps 1 --steps 10 --stages train
+- target: seconds per optimizer step of the embedded target's build (``--steps`` steps, target.embedded.threads);
+- generate: seconds of generation for ``--prompts`` prompts of data/prompts/train.jsonl (generate.local.workers
+  processes of generate.local.threads threads; model loading excluded);
+- train: seconds per optimizer step over ``--steps`` steps (train.threads);
+- evaluate: decoding seconds of one eval prompt per source (evaluate.threads).
+
+Each cell is the median of ``--reps`` repetitions, alternating cells so that drift hits every cell alike.
+
+    python bench/threads.py                                   # about 25 minutes on 2 cores
+    python bench/threads.py --stages target --policies draftline active spin:10000 --reps 1
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import replace
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+LOADS = ("quiet", "busy", "niced")
 
 
-def target_seconds_per_step(threads: int, steps: int) -> float:
-    from draftline.core.logs import get_logger
-    from draftline.core.skips import Skips
-    from draftline.target.embedded.build import build_embedded_target
-    from draftline.target.stage import TargetParams, read_all_conversations
+def _target(tmp: Path, steps: int, _prompts: int) -> float:
+    from draftline.core.runner import execute
+    from draftline.target.params import TargetParams
+    from draftline.target.stage import TargetArgs, run_target
 
     p = TargetParams.load("target")
-    spec = replace(p.embedded, threads=threads, steps=steps, warmup_steps=min(p.embedded.warmup_steps, steps),
-                   held_out=1, greedy_tokens=1)
-    skips = Skips(get_logger("bench"))
-    with tempfile.TemporaryDirectory() as tmp:
-        build = build_embedded_target(read_all_conversations(REPO / "data/conversations", skips), tmp, spec, p.seed, skips)
-    return build.metrics["train_s"] / steps
+    spec = dataclasses.replace(p.embedded, steps=steps, warmup_steps=min(p.embedded.warmup_steps, steps), held_out=1,
+                               greedy_tokens=1)
+    args = TargetArgs(conversations=DATA / "conversations", out=tmp / "target", metrics=tmp / "m.json",
+                      report=tmp / "r.json", plot=tmp / "p.csv")
+    return execute("target", run_target, dataclasses.replace(p, embedded=spec), args).run["train_s"] / steps
 
 
-def train_seconds_per_step(threads: int, steps: int) -> float:
-    from draftline.train.params import TrainParams
-    from draftline.train.trainer import Paths, train
-
-    cfg = replace(TrainParams.load("train"), threads=threads, max_steps=steps, save_every=10**9, log_every=steps)
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = Paths(merged=REPO / "data/merged", target_dir=REPO / "data/target", checkpoint=Path(tmp) / "ckpt",
-                      metrics=Path(tmp) / "train.json", plot=Path(tmp) / "loss.csv", cache_root=Path(tmp) / "cache")
-        metrics = train(cfg, paths)
-    return metrics["train_seconds"] / steps
-
-
-def generate_seconds_per_batch(threads: int, batches: int) -> float:
-    from draftline.core.records import read_prompts
-    from draftline.core.skips import Skips
-    from draftline.core.target import load_target
-    from draftline.core.threads import torch_threads
-    from draftline.generate.local import LocalBackend
+def _generate(tmp: Path, _steps: int, prompts: int) -> float:
+    from draftline.core.runner import execute
     from draftline.generate.params import GenerateParams
+    from draftline.generate.stage import GenerateArgs, run_generate
 
-    s = GenerateParams.load("generate")
-    backend = LocalBackend(load_target(REPO / "data/target"), s.sampling, s.enable_thinking, s.local)
-    prompts = read_prompts(REPO / "data/prompts/train.jsonl", Skips(__import__("logging").getLogger("bench")))
-    size = backend.batch_size
-    with torch_threads(threads):
-        t = time.perf_counter()
-        for b in range(batches):
-            batch = prompts[b * size : (b + 1) * size]
-            backend.generate([(p.messages, p.tools) for p in batch])
-        return (time.perf_counter() - t) / batches
+    lines = (DATA / "prompts" / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tmp / "train.jsonl").write_text("".join(lines[:prompts]), encoding="utf-8")
+    args = GenerateArgs(prompts=tmp / "train.jsonl", target=DATA / "target" / "target.json", out=tmp / "completions",
+                        metrics=tmp / "m.json", report=tmp / "r.json")
+    return execute("generate", run_generate, GenerateParams.load("generate"), args).run["generation_seconds"]
 
 
-CASES = {"target": (target_seconds_per_step, "s/step"), "train": (train_seconds_per_step, "s/step"),
-         "generate": (generate_seconds_per_batch, "s/batch")}
+def _train(tmp: Path, steps: int, _prompts: int) -> float:
+    from draftline.core.runner import execute
+    from draftline.train.params import TrainParams
+    from draftline.train.stage import TrainArgs, run_train
+
+    cfg = dataclasses.replace(TrainParams.load("train"), max_steps=steps, save_every=10**9, log_every=steps)
+    args = TrainArgs(merged=DATA / "merged", target=DATA / "target" / "target.json", out=tmp / "ckpt",
+                     metrics=tmp / "m.json", report=tmp / "r.json", plot=tmp / "p.csv")
+    return execute("train", run_train, cfg, args).run["train_seconds"] / steps
 
 
-def measure(stage: str, policy: str, threads: int, work: int, loaded: bool) -> float:
-    """One cell in a fresh interpreter with ``OMP_WAIT_POLICY=policy``, beside a busy process when ``loaded``."""
-    env = dict(os.environ, OMP_WAIT_POLICY=policy.upper())
-    cmd = [sys.executable, __file__, "--cell", stage, str(threads), str(work)]
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
+def _evaluate(tmp: Path, _steps: int, _prompts: int) -> float:
+    from draftline.core.runner import execute
+    from draftline.evaluate.params import EvalParams
+    from draftline.evaluate.stage import EvalArgs, run_evaluate
+
+    params = dataclasses.replace(EvalParams.load("evaluate"), max_prompts_per_source=1)
+    args = EvalArgs(checkpoint=DATA / "checkpoints", target=DATA / "target" / "target.json",
+                    prompts=DATA / "prompts" / "eval.jsonl", metrics=tmp / "m.json", report=tmp / "r.json",
+                    plot=tmp / "p.csv")
+    run = execute("evaluate", run_evaluate, params, args).run
+    return run["baseline_seconds"] + run["speculative_seconds"]
+
+
+CELLS = {"target": (_target, "s/step"), "generate": (_generate, "s"), "train": (_train, "s/step"),
+         "evaluate": (_evaluate, "s")}
+
+
+def environment(policy: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if policy == "active":
+        env["OMP_WAIT_POLICY"] = "ACTIVE"
+    elif policy.startswith("spin:"):
+        env["GOMP_SPINCOUNT"] = policy.split(":", 1)[1]
+    elif policy != "draftline":
+        raise SystemExit(f"unknown policy {policy!r}: draftline, active or spin:<N>")
+    return env
+
+
+@contextmanager
+def beside(load: str):
+    """One ``while True`` process in a session of its own (``busy``), or the same under ``nice -n 19``."""
+    if load == "quiet":
+        yield
+        return
+    cmd = ["setsid", *(["nice", "-n", "19"] if load == "niced" else []), sys.executable, "-c", "while True: pass"]
+    spinner = subprocess.Popen(cmd)
     try:
-        out = subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True, text=True).stdout
+        yield
     finally:
-        if spinner:
-            spinner.kill()
-            spinner.wait()
+        spinner.kill()
+        spinner.wait()
+
+
+def measure(stage: str, policy: str, load: str, steps: int, prompts: int) -> float:
+    """One cell in a fresh interpreter, in the repository (its params.yaml), with a private scratch cache."""
+    with tempfile.TemporaryDirectory() as tmp, beside(load):
+        env = {**environment(policy), "DRAFTLINE_CACHE": str(Path(tmp) / "cache")}
+        cmd = [sys.executable, __file__, "--cell", stage, tmp, str(steps), str(prompts)]
+        out = subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True, text=True).stdout
     return float(out.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=30, help="target and train steps per measurement")
-    ap.add_argument("--batches", type=int, default=4, help="generation batches per measurement")
-    ap.add_argument("--stages", nargs="+", default=list(CASES), choices=list(CASES))
-    ap.add_argument("--cell", nargs=3, metavar=("STAGE", "THREADS", "WORK"), help=argparse.SUPPRESS)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=60, help="target and train steps per cell")
+    ap.add_argument("--prompts", type=int, default=64, help="prompts generated per cell")
+    ap.add_argument("--stages", nargs="+", default=list(CELLS), choices=list(CELLS))
+    ap.add_argument("--policies", nargs="+", default=["draftline", "active"])
+    ap.add_argument("--loads", nargs="+", default=list(LOADS), choices=list(LOADS))
+    ap.add_argument("--json", type=Path, help="also write every measurement here")
+    ap.add_argument("--cell", nargs=4, metavar=("STAGE", "TMP", "STEPS", "PROMPTS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cell:
-        stage, threads, work = args.cell[0], int(args.cell[1]), int(args.cell[2])
-        print(CASES[stage][0](threads, work))
+        stage, tmp, steps, prompts = args.cell
+        print(CELLS[stage][0](Path(tmp), int(steps), int(prompts)))
         return
-    grid = [(stage, policy, threads) for stage in args.stages for policy in ("active", "passive") for threads in (1, 2)]
-    times: dict[tuple, list[float]] = {}
-    for _ in range(args.reps):  # alternating, so that drift on a shared machine hits every cell alike
-        for stage, policy, threads in grid:
-            work = args.batches if stage == "generate" else args.steps
-            for loaded in (False, True):
-                times.setdefault((stage, policy, threads, loaded), []).append(
-                    measure(stage, policy, threads, work, loaded))
-    print("| stage | OMP_WAIT_POLICY | threads | quiet | beside one busy process | loaded / quiet |")
-    print("|---|---|---|---|---|---|")
-    for stage, policy, threads in grid:
-        q, b = (statistics.median(times[(stage, policy, threads, loaded)]) for loaded in (False, True))
-        unit = CASES[stage][1]
-        print(f"| {stage} | {policy} | {threads} | {q:.3f} {unit} | {b:.3f} {unit} | {b / q:.2f}x |")
+    grid = [(stage, policy) for stage in args.stages for policy in args.policies]
+    times: dict[str, list[float]] = {}
+    for _ in range(args.reps):
+        for stage, policy in grid:
+            for load in args.loads:
+                t = measure(stage, policy, load, args.steps, args.prompts)
+                times.setdefault(f"{stage}/{policy}/{load}", []).append(t)
+                print(f"{stage} {policy} {load}: {t:.3f}", file=sys.stderr, flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(times, indent=2))
+    print("| stage | policy | " + " | ".join(args.loads) + " | " + " | ".join(f"{x} / quiet" for x in args.loads[1:])
+          + " |")
+    print("|---" * (2 + 2 * len(args.loads) - 1) + "|")
+    for stage, policy in grid:
+        med = [statistics.median(times[f"{stage}/{policy}/{load}"]) for load in args.loads]
+        unit = CELLS[stage][1]
+        print(f"| {stage} | {policy} | " + " | ".join(f"{m:.3f} {unit}" for m in med) + " | "
+              + " | ".join(f"{m / med[0]:.2f}x" for m in med[1:]) + " |")
 
 
 if __name__ == "__main__":

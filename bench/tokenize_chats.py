@@ -4,7 +4,7 @@
 
 Prints:
 - raw: ``tokenizer.backend_tokenizer.encode_batch`` over the stage's own rendered texts, one thread;
-- the stage (``run_tokenize``: read JSONL, render, tokenize, mask, Arrow shards, metrics) with 1 worker, and its
+- the stage (``run_tokenize`` through the runner: read JSONL, render, tokenize, mask, Arrow shards, metrics) with 1 worker, and its
   ratio to raw (target >= 0.8);
 - the stage with 2 workers, and the 1 -> 2 worker scaling;
 - bytes per token on disk.
@@ -41,10 +41,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from draftline.core.fingerprint import template_sha256, tokenizer_fingerprint
 from draftline.core.params import load_section
 from draftline.core.records import TargetInfo
+from draftline.core.runner import execute
 from draftline.tokenize.chunks import parse_completion, read_lines
 from draftline.tokenize.loss_mask import render_example
 from draftline.tokenize.params import TokenizeParams
-from draftline.tokenize.stage import run_tokenize
+from draftline.tokenize.stage import TokenizeArgs, run_tokenize
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULTS = load_section("tokenize", REPO / "params.yaml")
@@ -69,7 +70,7 @@ def write_inputs(folder: Path, rows: int, tok_dir: Path, seed: int = 0) -> tuple
     target = folder / "target"
     target.mkdir()
     (target / "target.json").write_text(json.dumps(info.to_dict()))
-    return comp, target
+    return comp, target / "target.json"
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -106,9 +107,11 @@ def raw_encoder(comp: Path, tok_dir: Path):
 
 def stage_runner(comp: Path, target: Path, out: Path, workers: int, metrics: dict):
     params = TokenizeParams.parse({**DEFAULTS, "workers": workers, "max_len": 100_000}, "tokenize")
+    args = TokenizeArgs(completions=comp, target=target, out=out / f"w{workers}", metrics=out / "m.json",
+                        report=out / "report.json", plot=out / "p.csv")
 
     def run() -> None:
-        metrics.update(run_tokenize(comp, target, out / f"w{workers}", out / "m.json", out / "p.csv", params))
+        metrics.update(execute("tokenize", run_tokenize, params, args).details)
 
     return run
 
@@ -123,7 +126,8 @@ def main() -> None:
     rows = 600 if args.quick else args.rows
     if not (args.tokenizer / "tokenizer_config.json").is_file():
         sys.exit(f"no tokenizer at {args.tokenizer}; pass --tokenizer PATH (a Hugging Face tokenizer folder)")
-    logging.getLogger("draftline.tokenize.stage").setLevel(logging.WARNING)
+    for name in ("draftline.tokenize.stage", "tokenize"):  # the stage's log and the runner's
+        logging.getLogger(name).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         comp, target = write_inputs(tmp, rows, args.tokenizer)

@@ -1,11 +1,11 @@
 """The train stage with the target's features cached in memory against computed online, side by side in one run.
 
 On the committed embedded default (``data/target``, ``data/merged``: run ``dvc repro`` or ``dvc pull`` first), the
-train stage's own ``train()`` with params.yaml's train section, ``--steps`` steps, its resumable states in a
-temporary cache. Repetitions alternate cached and online, so drift on a shared machine hits both alike. It prints
-per mode the median seconds of the steps, of the rest of the stage (the cache's one pass over the rows is there),
-the whole stage, and whether both modes wrote the same checkpoint bytes (they must: the cache holds the very
-features a step would compute).
+train stage's own run (the stage runner's ``execute``) with params.yaml's train section, ``--steps`` steps, its
+resumable states in a temporary cache. Repetitions alternate cached and online, so drift on a shared machine hits
+both alike. It prints per mode the median seconds of the steps, of the rest of the stage (the cache's one pass over
+the rows is there), the whole stage, and whether both modes wrote the same checkpoint bytes (they must: the cache
+holds the very features a step would compute).
 
     python bench/train_features.py              # about 3 minutes on 2 cores
     python bench/train_features.py --steps 2400 --reps 1
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import statistics
 import sys
 import tempfile
@@ -27,20 +28,24 @@ sys.path.insert(0, str(REPO / "src"))
 
 
 def run_stage(feature_cache_gb: float, steps: int) -> dict:
+    from draftline.core.runner import execute
     from draftline.train.params import TrainParams
-    from draftline.train.trainer import Paths, train
+    from draftline.train.stage import TrainArgs, run_train
 
     cfg = replace(TrainParams.load("train"), max_steps=steps, save_every=10**9, log_every=steps,
                   feature_cache_gb=feature_cache_gb)
     with tempfile.TemporaryDirectory() as tmp:
-        paths = Paths(merged=REPO / "data/merged", target_dir=REPO / "data/target", checkpoint=Path(tmp) / "ckpt",
-                      metrics=Path(tmp) / "train.json", plot=Path(tmp) / "loss.csv", cache_root=Path(tmp) / "cache")
+        os.environ["DRAFTLINE_CACHE"] = str(Path(tmp) / "cache")  # the resumable states: a fresh start each run
+        out = Path(tmp)
+        args = TrainArgs(merged=REPO / "data/merged", target=REPO / "data/target/target.json", out=out / "ckpt",
+                         metrics=out / "train.json", report=out / "report.json", plot=out / "loss.csv")
         t = time.perf_counter()
-        metrics = train(cfg, paths)
+        stage = execute("train", run_train, cfg, args)
         wall = time.perf_counter() - t
-        digest = hashlib.sha256((paths.checkpoint / "model.safetensors").read_bytes()).hexdigest()
-    return {"steps": metrics["train_seconds"], "rest": wall - metrics["train_seconds"], "wall": wall,
-            "mode": metrics["target_features"], "gb": metrics["feature_cache_gb"], "digest": digest}
+        digest = hashlib.sha256((args.out / "model.safetensors").read_bytes()).hexdigest()
+    seconds = stage.run["train_seconds"]
+    return {"steps": seconds, "rest": wall - seconds, "wall": wall, "mode": stage.details["target_features"],
+            "gb": stage.details["feature_cache_gb"], "digest": digest}
 
 
 def main() -> None:

@@ -1,12 +1,9 @@
-"""DVC stage `conversations@<name>`: python stages/conversations.py <name>
-(reads params.yaml: sources.<name>, conversations)."""
+"""DVC stage `conversations@<name>`: one source's rows adapted into conversations (reads params.yaml:
+sources.<name>, conversations). Its paths come from dvc.yaml."""
 
-import sys
-
-from draftline.conversations.stage import ConversationsParams, run_conversations
-from draftline.core.source_spec import load_source
+from draftline.conversations.params import load
+from draftline.conversations.stage import ConversationsArgs, run_conversations
+from draftline.core.runner import main
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python stages/conversations.py <source name from params.yaml: sources>")
-    run_conversations(sys.argv[1], load_source(sys.argv[1]), ConversationsParams.load("conversations"))
+    main("conversations", ConversationsArgs, load, run_conversations)

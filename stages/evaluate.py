@@ -1,16 +1,9 @@
-"""DVC stage `evaluate`: python stages/evaluate.py (reads params.yaml: evaluate).
+"""DVC stage `evaluate`: the drafter judged by speculative decoding of the eval prompts (reads params.yaml:
+evaluate). Its paths come from dvc.yaml."""
 
-The prompts are rendered in the thinking mode of the drafter's training data, which its checkpoint records.
-"""
-
-from draftline.evaluate.stage import EvalParams, run_evaluate
+from draftline.core.runner import main
+from draftline.evaluate.params import load
+from draftline.evaluate.stage import EvalArgs, run_evaluate
 
 if __name__ == "__main__":
-    run_evaluate(
-        EvalParams.load("evaluate"),
-        target_dir="data/target",
-        checkpoint="data/checkpoints",
-        prompts_path="data/prompts/eval.jsonl",
-        metrics_path="metrics/eval.json",
-        plot_path="plots/acceptance.csv",
-    )
+    main("evaluate", EvalArgs, load, run_evaluate)

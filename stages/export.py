@@ -1,6 +1,9 @@
-"""DVC stage `export`: data/merged -> data/export/<format>/ (reads params.yaml: export)."""
+"""DVC stage `export`: the merged set -> other trainers' formats (reads params.yaml: export). Its paths come from
+dvc.yaml."""
 
-from draftline.export.stage import ExportParams, run_export
+from draftline.core.runner import main
+from draftline.export.params import load
+from draftline.export.stage import ExportArgs, run_export
 
 if __name__ == "__main__":
-    run_export(ExportParams.load("export"))
+    main("export", ExportArgs, load, run_export)

@@ -1,7 +1,9 @@
-"""DVC stage `generate`: data/prompts/train.jsonl + data/target -> data/completions (reads params.yaml: generate)."""
+"""DVC stage `generate`: prompts + the target -> the target's completions (reads params.yaml: generate). Its paths
+come from dvc.yaml."""
 
-from draftline.generate.params import GenerateParams
-from draftline.generate.stage import run_generate
+from draftline.core.runner import main
+from draftline.generate.params import load
+from draftline.generate.stage import GenerateArgs, run_generate
 
 if __name__ == "__main__":
-    run_generate(GenerateParams.load("generate"))
+    main("generate", GenerateArgs, load, run_generate)

@@ -1,12 +1,9 @@
-"""DVC stage `merge`: python stages/merge.py (reads params.yaml: merge)."""
+"""DVC stage `merge`: a base training set + the tokenized rows -> the merged training set (reads params.yaml:
+merge). Its paths come from dvc.yaml."""
 
-from draftline.merge.stage import MergeParams, run_merge
+from draftline.core.runner import main
+from draftline.merge.params import load
+from draftline.merge.stage import MergeArgs, run_merge
 
 if __name__ == "__main__":
-    run_merge(
-        MergeParams.load("merge"),
-        tokenized_dir="data/tokenized",
-        target_dir="data/target",
-        out_dir="data/merged",
-        metrics_path="metrics/merge.json",
-    )
+    main("merge", MergeArgs, load, run_merge)

@@ -1,16 +1,9 @@
-"""DVC stage `prompts`: python stages/prompts.py (reads params.yaml: the names of sources, prompts, dedup, blend,
-generate.enable_thinking)."""
+"""DVC stage `prompts`: conversations -> train and eval prompts (reads params.yaml: the names of sources, prompts,
+dedup, blend, generate.enable_thinking). Its paths come from dvc.yaml."""
 
-from draftline.core.params import load_section, load_value
-from draftline.prompts.blend import BlendParams
-from draftline.prompts.dedup import DedupParams
-from draftline.prompts.stage import PromptsParams, run_prompts
+from draftline.core.runner import main
+from draftline.prompts.params import load
+from draftline.prompts.stage import PromptsArgs, run_prompts
 
 if __name__ == "__main__":
-    run_prompts(
-        list(load_section("sources")),
-        PromptsParams.load("prompts"),
-        DedupParams.load("dedup"),
-        BlendParams.load("blend"),
-        enable_thinking=load_value("generate.enable_thinking", bool),
-    )
+    main("prompts", PromptsArgs, load, run_prompts)

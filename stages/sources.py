@@ -1,11 +1,9 @@
-"""DVC stage `sources@<name>`: python stages/sources.py <name> (reads params.yaml: sources.<name>)."""
+"""DVC stage `sources@<name>`: one dataset kept as Parquet, as published (reads params.yaml: sources.<name>).
+Its paths come from dvc.yaml."""
 
-import sys
-
-from draftline.core.source_spec import load_source
-from draftline.sources.stage import run_source
+from draftline.core.runner import main
+from draftline.sources.params import load
+from draftline.sources.stage import SourceArgs, run_source
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python stages/sources.py <source name from params.yaml: sources>")
-    run_source(sys.argv[1], load_source(sys.argv[1]))
+    main("sources", SourceArgs, load, run_source)

@@ -1,6 +1,9 @@
-"""DVC stage `target`: python stages/target.py (reads params.yaml: target)."""
+"""DVC stage `target`: describe the target (or build the embedded one) for every later stage (reads params.yaml:
+target). Its paths come from dvc.yaml."""
 
-from draftline.target.stage import TargetParams, run_target
+from draftline.core.runner import main
+from draftline.target.params import load
+from draftline.target.stage import TargetArgs, run_target
 
 if __name__ == "__main__":
-    run_target(TargetParams.load("target"))
+    main("target", TargetArgs, load, run_target)

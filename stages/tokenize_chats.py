@@ -1,18 +1,13 @@
-"""DVC stage `tokenize`: python stages/tokenize_chats.py (reads params.yaml: tokenize).
+"""DVC stage `tokenize`: completions -> tokenized training rows (reads params.yaml: tokenize). Its paths come from
+dvc.yaml.
 
 Named tokenize_chats.py, not tokenize.py: run as a script, a file named tokenize.py would shadow the standard
 library module ``tokenize`` for everything the stage imports.
 """
 
-from draftline.tokenize.params import TokenizeParams
-from draftline.tokenize.stage import run_tokenize
+from draftline.core.runner import main
+from draftline.tokenize.params import load
+from draftline.tokenize.stage import TokenizeArgs, run_tokenize
 
 if __name__ == "__main__":
-    run_tokenize(
-        completions_dir="data/completions",
-        target_dir="data/target",
-        out_dir="data/tokenized",
-        metrics_path="metrics/tokenize.json",
-        plot_path="plots/seq_len.csv",
-        params=TokenizeParams.load("tokenize"),
-    )
+    main("tokenize", TokenizeArgs, load, run_tokenize)

@@ -1,8 +1,9 @@
-"""DVC stage `train`: data/merged + data/target -> data/checkpoints (a DFlash drafter), metrics/train.json,
-plots/train_loss.csv (reads params.yaml: train). See docs/train.md."""
+"""DVC stage `train`: the merged training set + the target -> a DFlash drafter (reads params.yaml: train). Its paths
+come from dvc.yaml."""
 
-from draftline.train.params import TrainParams
-from draftline.train.stage import run_train
+from draftline.core.runner import main
+from draftline.train.params import load
+from draftline.train.stage import TrainArgs, run_train
 
 if __name__ == "__main__":
-    run_train(TrainParams.load("train"))
+    main("train", TrainArgs, load, run_train)

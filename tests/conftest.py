@@ -123,15 +123,18 @@ TINY_TARGET_PARAMS = {
         "vocab_size": 600, "num_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
         "num_kv_heads": 2, "max_position_embeddings": 1024, "max_len": 256, "batch_tokens": 512,
         "source_weights": {"tiny2": 2}, "steps": 100,
-        "lr": 3e-3, "warmup_steps": 10, "threads": 1, "held_out": 1, "greedy_tokens": 8,
+        "lr": 3e-3, "warmup_steps": 10, "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_betas": [0.9, 0.95],
+        "grad_clip": 1.0, "threads": 1, "held_out": 1, "greedy_tokens": 8,
     },
 }
 
 
 @pytest.fixture(scope="session")
 def embedded_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny embedded target built once per session: the folder holding target.json (``load_target(it)``)."""
-    from draftline.target.stage import TargetParams, write_target
+    """A tiny embedded target built once per session: the folder holding target.json
+    (``load_target(it / "target.json")``)."""
+    from draftline.target.params import TargetParams
+    from draftline.target.stage import write_target
 
     folder = tmp_path_factory.mktemp("embedded") / "target"
     write_target(TargetParams.parse(TINY_TARGET_PARAMS, "target"), folder, tiny_conversations())

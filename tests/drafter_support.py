@@ -1,8 +1,9 @@
 """Helpers for the drafter tests: a tiny random Qwen3 target, a small merged-style dataset, and a driver.
 
 Run as a script (``python tests/drafter_support.py WORKDIR PARAMS_JSON``) it trains in WORKDIR exactly as the
-train stage does, reading the dataset this module wrote: the resume and DDP tests kill and relaunch it as a
-real process (and under torchrun when ``gpus > 1``).
+train stage does (the stage runner's ``execute`` with :func:`args`), reading the dataset this module wrote: the
+resume and DDP tests kill and relaunch it as a real process (and under torchrun when ``gpus > 1``). Its
+resumable states go where ``$DRAFTLINE_CACHE`` says (the tests set it).
 """
 
 from __future__ import annotations
@@ -89,14 +90,29 @@ def make_merged(root: Path, rows: dict[str, list]) -> Path:
     return merged
 
 
-def paths(root: Path):
-    from draftline.train.trainer import Paths
+def args(root: Path, **overrides):
+    """The train stage's paths under ``root``, laid out as dvc.yaml lays them out in a project."""
+    from draftline.train.stage import TrainArgs
 
-    return Paths(
-        merged=root / "data" / "merged", target_dir=root / "data" / "target",
-        checkpoint=root / "data" / "checkpoints", metrics=root / "metrics" / "train.json",
-        plot=root / "plots" / "train_loss.csv", cache_root=root / ".draftline" / "cache",
+    paths = dict(
+        merged=root / "data" / "merged", target=root / "data" / "target" / "target.json",
+        out=root / "data" / "checkpoints", metrics=root / "metrics" / "train.json",
+        report=root / "reports" / "train.json", plot=root / "plots" / "train_loss.csv",
     )
+    return TrainArgs(**{**paths, **overrides})
+
+
+def cache(root: Path) -> Path:
+    """Where the tests keep a project's resumable states (``$DRAFTLINE_CACHE``)."""
+    return root / ".draftline" / "cache"
+
+
+def train(cfg, args_):
+    """Run the train stage in this process as the runner does; returns its :class:`StageRun`."""
+    from draftline.core.runner import execute
+    from draftline.train.stage import run_train
+
+    return execute("train", run_train, cfg, args_)
 
 
 def small_params(**overrides) -> dict:
@@ -104,7 +120,7 @@ def small_params(**overrides) -> dict:
     params = dict(
         drafter_layers=1, target_layers=3, block_size=8, gamma=4.0, anchors_per_seq=8, max_length=64,
         max_tokens_per_batch=256, memory_limit_gb=4.0, feature_cache_gb=1.0, epochs=1.0, max_steps=0, lr=3e-3, min_lr_ratio=0.0,
-        warmup_ratio=0.1, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0, bf16=True, seed=0, threads=1, gpus=0, save_every=5, log_every=1,
+        warmup_ratio=0.1, weight_decay=0.0, adam_betas=[0.9, 0.95], grad_clip=1.0, skip_nonfinite=0, bf16=True, seed=0, threads=1, gpus=0, save_every=5, log_every=1,
         strict=False, max_skip_share=0.01,
     )
     params.update(overrides)
@@ -119,8 +135,7 @@ def train_params(**overrides):
 
 if __name__ == "__main__":
     from draftline.train.params import TrainParams
-    from draftline.train.stage import run_train
 
     workdir, params = Path(sys.argv[1]), json.loads(sys.argv[2])
     torch.set_num_threads(1)
-    run_train(TrainParams.parse(params, "train"), paths(workdir))
+    train(TrainParams.parse(params, "train"), args(workdir))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,11 @@ from conftest import default_params
 
 from draftline.core.files import write_json, write_jsonl
 from draftline.core.records import PromptRecord, TargetInfo
+from draftline.core.runner import StageRun, execute
 from draftline.generate.params import GenerateParams
+from draftline.generate.stage import GenerateArgs, run_generate
+
+REPO = Path(__file__).resolve().parents[1]
 
 SYSTEMS = ["You are a careful math tutor.", "You are a coding assistant.", None]
 
@@ -64,11 +69,23 @@ def make_project(root: Path, prompts: list[PromptRecord], params: dict[str, Any]
     return root
 
 
-def run_in(root: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from draftline.generate.stage import run_generate
+def stage_args(root: Path, out: Path | None = None) -> GenerateArgs:
+    """The paths dvc.yaml passes, under ``root`` laid out as :func:`make_project` makes it."""
+    return GenerateArgs(prompts=root / "data/prompts/train.jsonl", target=root / "data/target/target.json",
+                        out=out or root / "data/completions", metrics=root / "metrics/generate.json",
+                        report=root / "reports/generate.json")
 
-    return run_generate(gen_params(params), root / "data/prompts/train.jsonl", root / "data/target",
-                        root / "data/completions", root / "metrics/generate.json")
+
+def stage_argv(root: Path) -> list[str]:
+    """``stages/generate.py``'s command line for :func:`stage_args` (as dvc.yaml runs it)."""
+    args = stage_args(root)
+    return [str(REPO / "stages/generate.py"),
+            *(x for f in dataclasses.fields(args) for x in (f"--{f.name}", str(getattr(args, f.name))))]
+
+
+def run_in(root: Path, params: dict[str, Any], out: Path | None = None) -> StageRun:
+    """The stage in this process over ``root``'s files, as the stage runner runs it."""
+    return execute("generate", run_generate, gen_params(params), stage_args(root, out))
 
 
 def shard_bytes(root: Path) -> dict[str, bytes]:

@@ -27,7 +27,8 @@ SHRINK = {
 }
 # Generated outputs: a clone starts without them, as a fresh checkout does before `dvc pull`.
 OUTPUTS = ("data/raw/", "data/conversations/", "data/target/", "data/prompts/", "data/completions/",
-           "data/tokenized/", "data/merged/", "data/export/", "data/checkpoints/", "metrics/", "plots/", "dvc.lock")
+           "data/tokenized/", "data/merged/", "data/export/", "data/checkpoints/", "metrics/", "reports/", "plots/",
+           "dvc.lock")
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 1500) -> str:

@@ -6,20 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import early_stages as run
 import pytest
 from conftest import TINY_TARGET_PARAMS, default_params
 
-from draftline.conversations.stage import ConversationsParams, run_conversations
+from draftline.conversations.params import ConversationsParams
 from draftline.core.logs import get_logger
 from draftline.core.params import ParamsError
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, read_conversations
 from draftline.core.skips import Skips
 from draftline.core.source_spec import SourceSpec
-from draftline.prompts.blend import BlendParams
-from draftline.prompts.dedup import DedupParams
-from draftline.prompts.stage import PromptsParams, run_prompts
-from draftline.sources.stage import run_source
-from draftline.target.stage import TargetParams, run_target
+from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
+from draftline.target.params import TargetParams
 
 CONVERSATIONS = ConversationsParams.parse(default_params("conversations"), "conversations")
 
@@ -38,26 +36,24 @@ def _fields_source(tmp_path: Path) -> SourceSpec:
 
 def test_a_fields_source_with_options_reaches_the_target_and_the_prompts_alike(tmp_path):
     spec = _fields_source(tmp_path)
-    run_source("qa", spec, tmp_path / "raw", tmp_path / "metrics")
-    stats = run_conversations("qa", spec, CONVERSATIONS, tmp_path / "raw", tmp_path / "conv", tmp_path / "metrics")
-    assert stats == {"adapter": "fields", "rows_read": 61, "conversations": 60, "skipped": {"malformed": 1},
-                     "media_parts_dropped": 0}
-    assert json.loads((tmp_path / "conv" / "qa" / CONVERSATIONS_STATS_FILE).read_text()) == stats
-    convs = list(read_conversations(tmp_path / "conv" / "qa" / CONVERSATIONS_FILE, Skips(get_logger("test"))))
+    run.sources(tmp_path, "qa", spec)
+    stage = run.conversations(tmp_path, "qa", spec, CONVERSATIONS)
+    stats = {"adapter": "fields", "rows_read": 61, "conversations": 60, "skipped": {"malformed": 1},
+             "media_parts_dropped": 0}
+    assert json.loads((tmp_path / "conversations" / "qa" / CONVERSATIONS_STATS_FILE).read_text()) == stats
+    assert stage.headline == {"rows": 60} and stage.skips.as_dict() == {"malformed": 1}
+    convs = list(read_conversations(tmp_path / "conversations" / "qa" / CONVERSATIONS_FILE, Skips(get_logger("test"))))
     assert [m["role"] for m in convs[0].messages] == ["user", "assistant"]
 
-    info = run_target(TargetParams.parse(TINY_TARGET_PARAMS, "target"), tmp_path / "target", tmp_path / "conv",
-                      tmp_path / "metrics" / "target.json", tmp_path / "loss.csv")
-    assert info.embedded
-    target = json.loads((tmp_path / "metrics" / "target.json").read_text())
+    target = run.target(tmp_path, TargetParams.parse(TINY_TARGET_PARAMS, "target")).details
+    assert target["embedded"]
     assert target["corpus_conversations"] + target["held_out"]["qa"]["prompts"] == len(convs)
 
     blend = {**default_params("blend"), "total": 20, "eval_per_source": 2, "sources": {}}
-    run_prompts(["qa"], PromptsParams.parse(default_params("prompts"), "prompts"),
-                DedupParams.parse(default_params("dedup", priority=[], near={"exact_numbers": []}), "dedup"),
-                BlendParams.parse(blend, "blend"), False, conversations_root=tmp_path / "conv",
-                target_dir=tmp_path / "target", out_dir=tmp_path / "prompts", metrics_path=tmp_path / "m.json",
-                plots_path=tmp_path / "mix.csv")
+    run.prompts(tmp_path, PromptsSettings(
+        ["qa"], PromptsParams.parse(default_params("prompts"), "prompts"),
+        DedupParams.parse(default_params("dedup", priority=[], near={"exact_numbers": []}), "dedup"),
+        BlendParams.parse(blend, "blend"), False))
     by_row = {c.row: c for c in convs}
     prompts = [json.loads(line) for line in (tmp_path / "prompts" / "train.jsonl").read_text().splitlines()]
     assert len(prompts) == 20
@@ -69,7 +65,7 @@ def test_a_fields_source_with_options_reaches_the_target_and_the_prompts_alike(t
 def test_bad_adapter_options_fail_before_any_work(tmp_path):
     spec = SourceSpec.parse({"path": "x", "adapter": "fields", "options": {"prompt_feild": "q"}}, "sources.qa")
     with pytest.raises(ValueError, match=r"has no option\(s\) \['prompt_feild'\]"):
-        run_conversations("qa", spec, CONVERSATIONS, tmp_path / "raw", tmp_path / "conv", tmp_path / "m")
+        run.conversations(tmp_path, "qa", spec, CONVERSATIONS)
     with pytest.raises(ParamsError, match="multimodal must be one of"):
         ConversationsParams.parse({"multimodal": "keep", "strict": False}, "conversations")
-    assert not (tmp_path / "conv").exists()
+    assert not (tmp_path / "conversations").exists()

@@ -13,17 +13,15 @@ import pytest
 import yaml
 from conftest import REPO
 
-from draftline.conversations.stage import ConversationsParams
+from draftline.conversations.params import ConversationsParams
 from draftline.core.params import Params, ParamsError, load_value
 from draftline.core.source_spec import SourceSpec
-from draftline.evaluate.stage import EvalParams
-from draftline.export.stage import ExportParams
+from draftline.evaluate.params import EvalParams
+from draftline.export.params import ExportParams
 from draftline.generate.params import GenerateParams
-from draftline.merge.stage import MergeParams
-from draftline.prompts.blend import BlendParams
-from draftline.prompts.dedup import DedupParams
-from draftline.prompts.stage import PromptsParams
-from draftline.target.stage import TargetParams
+from draftline.merge.params import MergeParams
+from draftline.prompts.params import BlendParams, DedupParams, PromptsParams
+from draftline.target.params import TargetParams
 from draftline.tokenize.params import TokenizeParams
 from draftline.train.params import TrainParams
 
@@ -100,8 +98,13 @@ def test_a_stage_script_refuses_a_misspelt_key_before_any_work(tmp_path):
     params["dedup"]["near"]["treshold"] = 0.5
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    run = subprocess.run([sys.executable, str(REPO / "stages" / "prompts.py")], cwd=tmp_path, env=env,
+    paths = [arg for flag in ("conversations", "target", "out", "metrics", "report", "plot")
+             for arg in (f"--{flag}", f"out/{flag}")]
+    run = subprocess.run([sys.executable, str(REPO / "stages" / "prompts.py"), *paths], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0
-    assert "dedup.near has unknown key(s) ['treshold']" in run.stderr
-    assert not Path(tmp_path / "data").exists()  # nothing read, nothing written
+    # A refusal, not a bug: its one message, exit 1, no traceback.
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "prompts: params.yaml: dedup.near has unknown key(s) ['treshold']; valid keys: "
+        "['enabled', 'exact_numbers', 'ngram', 'num_perm', 'seed', 'threshold']"]
+    assert not Path(tmp_path / "out").exists()  # nothing read, nothing written

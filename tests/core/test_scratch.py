@@ -35,14 +35,10 @@ def test_training_states_follow_draftline_cache(tmp_path, monkeypatch):
     """The train stage keeps its states where the journal is: a queued `dvc exp run` can resume them."""
     import drafter_support as S
 
-    from draftline.train.trainer import Paths, train
-
     monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "cache"))
     S.make_target(tmp_path)
     S.make_merged(tmp_path, S.make_rows(24))
-    default = S.paths(tmp_path)
-    paths = Paths(**{**default.__dict__, "cache_root": None})
-    train(S.train_params(max_steps=3, save_every=3), paths)
+    S.train(S.train_params(max_steps=3, save_every=3), S.args(tmp_path))
     states = list((tmp_path / "cache" / "train").glob("*/state-00000003.pt"))
     assert len(states) == 1 and (states[0].parent / "key.json").is_file()
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,14 +16,18 @@ from conftest import WEATHER_TOOL, default_params, tiny_conversations
 from drafter_support import lineage
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
+from draftline.core.errors import MissingInput, Refusal
 from draftline.core.logs import get_logger
 from draftline.core.records import PromptRecord
+from draftline.core.runner import execute, run_file
 from draftline.core.skips import Skips
 from draftline.core.target import load_target
-from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
+from draftline.drafter.model import DFlashDrafter, DrafterMismatch, build_target_layer_ids, make_config
+from draftline.evaluate.params import EvalParams
+from draftline.evaluate.report import headline
 from draftline.evaluate.speculative import Generation
 from draftline.evaluate.stage import (
-    EvalParams,
+    EvalArgs,
     PromptResult,
     acceptance_by_position,
     load_eval_prompts,
@@ -28,6 +36,9 @@ from draftline.evaluate.stage import (
     summarize,
 )
 from draftline.target.describe import describe_target
+
+REPO = Path(__file__).resolve().parents[2]
+HEADLINE = {"tau", "tau_min", "lossless", "skipped"}
 
 
 def prompt(i: int, source: str, text: str, tools=None) -> PromptRecord:
@@ -65,6 +76,18 @@ def eval_params(**overrides) -> EvalParams:
     return EvalParams.parse(default_params("evaluate", **overrides), "evaluate")
 
 
+def eval_args(target_dir: Path, checkpoint: Path, prompts: Path, out: Path) -> EvalArgs:
+    """The stage's paths as dvc.yaml passes them: the target.json file, the drafter's folder, eval.jsonl; the
+    metrics, report and plot under ``out``."""
+    return EvalArgs(target=target_dir / "target.json", checkpoint=checkpoint, prompts=prompts,
+                    metrics=out / "metrics" / "eval.json", report=out / "reports" / "eval.json",
+                    plot=out / "plots" / "acceptance.csv")
+
+
+def evaluate(params: EvalParams, args: EvalArgs):
+    return execute("evaluate", run_evaluate, params, args)
+
+
 def test_render_matches_the_servers_render(tokenizer):
     rec = prompt(0, "hermes_fc", "What is the weather in Paris?", tools=[WEATHER_TOOL])
     for thinking in (False, True):
@@ -99,9 +122,10 @@ def test_metrics_and_acceptance_plot_from_known_steps():
     base1 = Generation(list(range(8)), "length", 8)
     base2 = Generation([9] * 6, "length", 6)  # differs: a lossless failure
     results = [PromptResult("p1", "a", 5, base1, one), PromptResult("p2", "b", 5, base2, two)]
-    m = summarize(results, 4, Skips(get_logger("test")), 128, False)
+    m = summarize(results, 4, 128, False)
     assert m["tau"] == round(12 / 5, 4)
     assert m["tau_per_source"] == {"a": round(7 / 3, 4), "b": 2.5}
+    assert headline(m) == {"tau": 2.4, "tau_min": round(7 / 3, 4), "lossless": 0.5}
     assert m["lossless"] == 0.5 and m["mismatched_prompts"] == ["p2"]
     assert m["target_forwards"] == {"with_drafter": 4 + 3, "without_drafter": 14, "saved_fraction": 0.5}
     rows = acceptance_by_position(results, 4)
@@ -117,24 +141,32 @@ def test_evaluate_stage_is_lossless_with_an_untrained_drafter(tiny_target_dir, t
             prompt(0, "tools", "Weather in Oslo?", tools=[WEATHER_TOOL]), prompt(1, "long", "word " * 300)]
     prompts.write_text("".join(r.to_json() + "\n" for r in recs))
     params = eval_params(max_new_tokens=12, max_prompts_per_source=2, max_prompt_tokens=200)
-    out = dict(metrics_path=tmp_path / "metrics" / "eval.json", plot_path=tmp_path / "plots" / "acceptance.csv")
-    m = run_evaluate(params, tiny_target_dir, tiny_target_dir / "checkpoints", prompts, **out)
+    args = eval_args(tiny_target_dir, tiny_target_dir / "checkpoints", prompts, tmp_path)
+    stage = evaluate(params, args)
+    m = stage.details
     assert m["lossless"] == 1.0
     assert m["n_prompts"] == 3 and m["n_prompts_per_source"] == {"chat": 2, "tools": 1}
-    assert m["skipped"] == {"prompt longer than max_prompt_tokens": 1}
+    assert stage.skips.as_dict() == {"prompt longer than max_prompt_tokens": 1}
     fw = m["target_forwards"]
     assert fw["with_drafter"] == 3 + m["verification_steps"]
     assert fw["without_drafter"] == m["generated_tokens"] == 3 * 12  # a random target never says <|im_end|> this soon
     assert m["tau"] == round((m["generated_tokens"] - 3) / m["verification_steps"], 4) >= 1.0
-    assert json.loads(out["metrics_path"].read_text()) == m
-    with open(out["plot_path"]) as f:
+    # The headline: tau, the lowest source's tau, lossless and the skips; the report holds every figure.
+    metrics = json.loads(args.metrics.read_text())
+    assert set(metrics) == HEADLINE and metrics["skipped"] == 1 and metrics["lossless"] == 1.0
+    assert metrics["tau"] == m["tau"] and metrics["tau_min"] == min(m["tau_per_source"].values())
+    report = json.loads(args.report.read_text())
+    assert report == {**m, "skips": {"prompt longer than max_prompt_tokens": 1}}
+    # The wall clock of both decodings is in the run file, the one file that differs from run to run.
+    run = json.loads(run_file(args.report).read_text())
+    assert set(run) == {"baseline_seconds", "speculative_seconds", "speedup", "stage_seconds"}
+    with open(args.plot) as f:
         rows = list(csv.DictReader(f))
     assert [int(r["position"]) for r in rows] == list(range(1, 8))
     assert all(int(r["steps"]) == m["verification_steps"] for r in rows)
-    m.pop("stage_seconds")  # the one field that is a measurement of this run
-    first = m, out["plot_path"].read_bytes()
-    again = run_evaluate(params, tiny_target_dir, tiny_target_dir / "checkpoints", prompts, **out)
-    assert again.pop("stage_seconds") > 0 and (again, out["plot_path"].read_bytes()) == first
+    first = [p.read_bytes() for p in (args.metrics, args.report, args.plot)]
+    again = evaluate(params, args)
+    assert again.run["stage_seconds"] > 0 and [p.read_bytes() for p in (args.metrics, args.report, args.plot)] == first
 
 
 def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path):
@@ -144,16 +176,39 @@ def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path)
         eval_params(enable_thinking=False)
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
-    with pytest.raises(FileNotFoundError, match="run the train stage"):
-        run_evaluate(eval_params(), tiny_target_dir, tmp_path / "none", prompts,
-                     tmp_path / "m.json", tmp_path / "p.csv")
+    with pytest.raises(MissingInput, match="run the train stage"):
+        evaluate(eval_params(), eval_args(tiny_target_dir, tmp_path / "none", prompts, tmp_path))
+    with pytest.raises(MissingInput, match="run the prompts stage"):
+        evaluate(eval_params(), eval_args(tiny_target_dir, tiny_target_dir / "checkpoints", tmp_path / "no.jsonl",
+                                          tmp_path))
+    assert not (tmp_path / "metrics").exists() and not (tmp_path / "reports").exists()
+
+
+def test_the_stage_script_refuses_in_one_line_without_a_traceback(tiny_target_dir, tmp_path):
+    """``python stages/evaluate.py`` with dvc.yaml's flags and no drafter: one message, exit code 1."""
+    import yaml
+
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"evaluate": default_params("evaluate")}))
+    a = eval_args(tiny_target_dir, tmp_path / "none", prompts, tmp_path)
+    flags = [x for f in ("checkpoint", "target", "prompts", "metrics", "report", "plot")
+             for x in (f"--{f}", str(getattr(a, f)))]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env.pop("DRAFTLINE_PARAMS", None)
+    done = subprocess.run([sys.executable, str(REPO / "stages" / "evaluate.py"), *flags], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = [x for x in done.stderr.splitlines() if "no drafter" in x]
+    assert len(lines) == 1 and lines[0].startswith("evaluate: ") and "run the train stage first" in lines[0]
 
 
 def test_lossless_on_the_embedded_target(embedded_target, tmp_path):
     """The issue's check: speculative decoding on the embedded target reproduces target-only greedy decoding."""
     from draftline.core.target import load_model, load_target
 
-    info = load_target(embedded_target)
+    info = load_target(embedded_target / "target.json")
     target = load_model(info)
     cfg = make_config(target.config, num_layers=1, block_size=8, mask_token_id=info.mask_token_id,
                       target_layer_ids=build_target_layer_ids(target.config.num_hidden_layers, 3), lineage=lineage(info))
@@ -164,9 +219,10 @@ def test_lossless_on_the_embedded_target(embedded_target, tmp_path):
                          messages=[m for m in c.messages if m["role"] != "assistant"][:2])
             for c in tiny_conversations(8)]
     prompts.write_text("".join(r.to_json() + "\n" for r in recs))
-    m = run_evaluate(eval_params(max_new_tokens=24, max_prompts_per_source=8), embedded_target,
-                     tmp_path / "checkpoints", prompts, tmp_path / "eval.json", tmp_path / "acceptance.csv")
-    assert m["n_prompts"] == 8 and m["lossless"] == 1.0
+    stage = evaluate(eval_params(max_new_tokens=24, max_prompts_per_source=8),
+                     eval_args(embedded_target, tmp_path / "checkpoints", prompts, tmp_path))
+    m = stage.details
+    assert m["n_prompts"] == 8 and m["lossless"] == 1.0 and stage.headline["lossless"] == 1.0
     assert m["target_forwards"]["without_drafter"] == m["generated_tokens"]
 
 
@@ -174,16 +230,17 @@ def test_a_drafter_of_another_tokenizer_is_refused(tiny_target_dir, tmp_path):
     """Lineage: the checkpoint records its data's tokenizer fingerprint, and evaluate compares it with the target's."""
     shutil.copytree(tiny_target_dir / "checkpoints", tmp_path / "checkpoints")
     config = json.loads((tmp_path / "checkpoints" / "config.json").read_text())
-    assert config["draftline"]["tokenizer_fingerprint"] == load_target(tiny_target_dir).tokenizer_fingerprint
+    info = load_target(tiny_target_dir / "target.json")
+    assert config["draftline"]["tokenizer_fingerprint"] == info.tokenizer_fingerprint
     config["draftline"]["tokenizer_fingerprint"] = "0" * 64
     (tmp_path / "checkpoints" / "config.json").write_text(json.dumps(config))
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
-    with pytest.raises(ValueError, match="another tokenizer"):
-        run_evaluate(eval_params(), tiny_target_dir, tmp_path / "checkpoints", prompts,
-                     tmp_path / "m.json", tmp_path / "p.csv")
+    args = eval_args(tiny_target_dir, tmp_path / "checkpoints", prompts, tmp_path)
+    with pytest.raises(DrafterMismatch, match="another tokenizer") as e:
+        evaluate(eval_params(), args)
+    assert isinstance(e.value, Refusal)
     del config["draftline"]
     (tmp_path / "checkpoints" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="no `draftline` lineage"):
-        run_evaluate(eval_params(), tiny_target_dir, tmp_path / "checkpoints", prompts,
-                     tmp_path / "m.json", tmp_path / "p.csv")
+    with pytest.raises(DrafterMismatch, match="no `draftline` lineage"):
+        evaluate(eval_params(), args)

@@ -17,17 +17,33 @@ from merge_support import make_rows, train_tokenizer, write_target, write_tokeni
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from draftline.core import dataset as fmt
+from draftline.core.errors import MissingInput
 from draftline.core.params import ParamsError
-from draftline.export.stage import ExportParams, run_export
+from draftline.core.runner import StageRun, execute, main, run_file
+from draftline.export.params import ExportParams
+from draftline.export.stage import ExportArgs, run_export
 from draftline.merge.guards import MergeGuardError
-from draftline.merge.stage import MergeParams, run_merge
+from draftline.merge.params import MergeParams
+from draftline.merge.stage import MergeArgs, run_merge
 
 FORMATS = ["specforge", "speculators", "hf"]
 
 
 def merge(root: Path, out: str, **params) -> dict:
-    return run_merge(MergeParams.parse(default_params("merge", **params), "merge"), root / "data/tokenized",
-                     root / "data/target", root / out, root / f"metrics-{out.replace('/', '-')}.json")
+    """The merge's details (its report)."""
+    name = out.replace("/", "-")
+    args = MergeArgs(tokenized=root / "data/tokenized", target=root / "data/target/target.json", out=root / out,
+                     metrics=root / f"metrics-{name}.json", report=root / f"report-{name}.json")
+    return execute("merge", run_merge, MergeParams.parse(default_params("merge", **params), "merge"), args).details
+
+
+def export_args(root: Path, merged: Path, out: Path) -> ExportArgs:
+    return ExportArgs(merged=merged, out=out, metrics=root / "metrics/export.json", report=root / "reports/export.json")
+
+
+def export(root: Path, formats: list[str], merged: Path, out: Path) -> StageRun:
+    return execute("export", run_export, ExportParams.parse({"formats": formats}, "export"),
+                   export_args(root, merged, out))
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +53,7 @@ def world(tmp_path_factory) -> Path:
     info = write_target(root / "data/target/target.json", tok_dir)
     write_tokenized(root / "data/tokenized", make_rows(tok_dir, [f"a{i}" for i in range(40)], seed=1), info)
     merge(root, "data/merged")
-    run_export(ExportParams.parse({"formats": FORMATS}, "export"), root / "data/merged", root / "data/export")
+    export(root, FORMATS, root / "data/merged", root / "data/export")
     # The next round's new rows: ten repeat prompts of the exported set.
     write_tokenized(root / "data/tokenized",
                     make_rows(tok_dir, [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(15)], seed=2), info)
@@ -58,6 +74,38 @@ def test_manifest_and_lineage_beside_every_format(world):
         assert lineage["format"] == name and lineage["num_rows"] == meta.num_rows == 40
         assert lineage["tokenizer_fingerprint"] == meta.tokenizer_fingerprint
         assert lineage["enable_thinking"] is meta.enable_thinking is False
+
+
+def test_metrics_through_the_runner(world):
+    """Headline rows and formats; the report is the manifest; only the run file holds the time."""
+    assert json.loads((world / "metrics/export.json").read_text()) == {"rows": 40, "formats": 3, "skipped": 0}
+    report = json.loads((world / "reports/export.json").read_text())
+    assert report == {**json.loads((world / "data/export/export.json").read_text()), "skips": {}}
+    assert set(json.loads(run_file(world / "reports/export.json").read_text())) == {"stage_seconds"}
+
+
+def test_export_off_writes_the_manifest_and_metrics_and_is_deterministic(world, tmp_path):
+    reported = []
+    for name in ("a", "b"):
+        stage = export(tmp_path / name, [], world / "data/merged", tmp_path / name / "export")
+        assert stage.headline == {"rows": 0, "formats": 0}
+        assert [p.name for p in (tmp_path / name / "export").iterdir()] == [fmt.EXPORT_FILE]
+        reported.append([(tmp_path / name / f).read_bytes() for f in ("metrics/export.json", "reports/export.json")])
+    assert reported[0] == reported[1]
+
+
+def test_a_missing_merged_set_is_refused_in_one_line(tmp_path, capsys):
+    args = export_args(tmp_path, tmp_path / "merged", tmp_path / "export")
+    with pytest.raises(MissingInput, match="run the merge stage first"):
+        execute("export", run_export, ExportParams.parse({"formats": ["hf"]}, "export"), args)
+    argv = [f"--{k}={v}" for k, v in vars(args).items()]
+    with pytest.raises(SystemExit) as exit_:
+        main("export", ExportArgs, lambda _args: ExportParams.parse({"formats": ["hf"]}, "export"), run_export, argv)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("export: ") and "run the merge stage" in line]) == 1
+    assert not (tmp_path / "export").exists() and not (tmp_path / "metrics").exists()
 
 
 def test_specforge_reads_it_as_pretokenized_prompts(world):

@@ -7,17 +7,23 @@ import json
 import socket
 
 import pytest
+from generate_helpers import gen_params
 from sglang_server import FakeSGLang, reply_for
 
-from draftline.generate.openai_client import ChatClient, RequestFailed, ServersDown, WrongModel, parse_reply
+from draftline.generate.openai_client import ChatClient, RequestFailed, ServersDown, Transport, WrongModel, parse_reply
 
 BODY = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "temperature": 0.0,
         "chat_template_kwargs": {"enable_thinking": True}}
 
 
+def transport(**kw) -> Transport:
+    """params.yaml's transport settings with quick retries and ``kw`` (the client has no defaults of its own)."""
+    return Transport.of(gen_params({"backoff_s": 0.01, "backoff_max_s": 0.05, **kw}))
+
+
 def chat(urls, body=BODY, rid="p1.0", **kw):
     async def go():
-        async with ChatClient(urls, **{"backoff_s": 0.01, "backoff_max_s": 0.05, **kw}) as c:
+        async with ChatClient(urls, transport(**kw)) as c:
             return await c.chat(body, rid), c.retried
 
     return asyncio.run(go())
@@ -67,7 +73,7 @@ def test_timeout_is_retried():
 
 def test_several_endpoints_share_the_load_and_a_dead_one_is_routed_around():
     async def many(urls, n):
-        async with ChatClient(urls, concurrency=4, backoff_s=0.01, backoff_max_s=0.02) as c:
+        async with ChatClient(urls, transport(concurrency=4, backoff_max_s=0.02)) as c:
             bodies = [{**BODY, "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(n)]
             return await asyncio.gather(*(c.chat(b, f"p{i}.0") for i, b in enumerate(bodies)))
 
@@ -115,3 +121,8 @@ def test_servers_that_stay_down_stop_the_stage_naming_the_endpoint():
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     with pytest.raises(ServersDown, match=rf"{dead}.*no server answered any of 3 tries"):
         chat([dead], retries=2)
+
+
+def test_the_api_key_is_never_shown():
+    t = Transport(4, 1.0, 0, 0.01, 0.05, 0, "s3cret-token")
+    assert "s3cret-token" not in repr(t) and "s3cret-token" not in str(t)

@@ -11,13 +11,23 @@ import time
 from pathlib import Path
 
 import pytest
-from generate_helpers import gen_params, make_project, make_prompts, read_rows, run_in, sglang_params, shard_bytes
+from generate_helpers import (
+    gen_params,
+    make_project,
+    make_prompts,
+    read_rows,
+    run_in,
+    sglang_params,
+    shard_bytes,
+    stage_argv,
+)
 from sglang_server import FakeSGLang, reply_for
 
 from draftline.core.params import ParamsError
+from draftline.core.runner import run_file
 from draftline.generate.journal import Journal
 from draftline.generate.openai_client import AuthError, ServersDown
-from draftline.generate.stage import request_body
+from draftline.generate.remote import request_body
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,6 +38,7 @@ def test_exact_outputs_in_prompt_order(tmp_path):
         p = sglang_params(srv.url)
         m = run_in(make_project(tmp_path, prompts, p), p)
         served = [r["id"] for r in srv.requests]
+    results = {f: (tmp_path / f).read_bytes() for f in ("metrics/generate.json", "reports/generate.json")}
     assert sorted(shard_bytes(tmp_path)) == ["failures.jsonl", "part-00000.jsonl", "part-00001.jsonl",
                                              "part-00002.jsonl"]
     rows = read_rows(tmp_path)
@@ -45,16 +56,22 @@ def test_exact_outputs_in_prompt_order(tmp_path):
                                    "sampling": {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": -1,
                                                 "seed": 0},
                                    "enable_thinking": False}
-    assert m["completions"] == 10 and m["failed"] == 0 and m["run"]["requests"] == 10
-    assert m["per_source"]["alpha"]["completions"] == 4
-    assert m["output_tokens"]["total"] == sum(r["usage"]["completion_tokens"] for r in rows)
+    tokens = sum(r["usage"]["completion_tokens"] for r in rows)
+    # The metrics file is the headline alone; details go to the report, what varies between runs to the run file.
+    assert json.loads(results["metrics/generate.json"]) == {"rows": 10, "failed": 0, "truncated": 0, "tokens": tokens,
+                                                             "skipped": 0}
+    assert m.details["per_source"]["alpha"]["completions"] == 4 and m.details["output_tokens"]["total"] == tokens
+    assert m.run["requests"] == 10 and m.run["resumed"] == 0 and m.run["finished"] == 10
+    assert json.loads(run_file(tmp_path / "reports/generate.json").read_text()) == m.run
+    assert str(tmp_path / "cache") in m.run["journal"] and b"cache" not in b"".join(results.values())
     assert (tmp_path / "data/completions/failures.jsonl").read_text() == ""
-    # A second run sends nothing and rewrites the same bytes.
+    # A second run sends nothing and rewrites the same bytes, the same metrics and report: only the run file differs.
     before = shard_bytes(tmp_path)
     with FakeSGLang() as srv:
         m2 = run_in(tmp_path, {**p, "endpoints": [srv.url]})
         assert srv.requests == []
-    assert shard_bytes(tmp_path) == before and m2["run"]["resumed"] == 10
+    assert shard_bytes(tmp_path) == before and m2.run["resumed"] == 10 and m2.run["finished"] == 0
+    assert {f: (tmp_path / f).read_bytes() for f in results} == results
 
 
 def test_failures_recorded_then_retried_on_the_next_run(tmp_path):
@@ -66,14 +83,14 @@ def test_failures_recorded_then_retried_on_the_next_run(tmp_path):
         m = run_in(make_project(tmp_path, prompts, p), p)
         assert sum(r["id"] == bad for r in srv.requests) == 1  # a 400 is never retried
         assert sum(r["id"] == flaky for r in srv.requests) == 4  # 1 + 3 retries
-    assert m["completions"] == 4 and m["failures"] == {"http_400": 1, "http_503": 1}
+    assert m.headline["rows"] == 4 and m.details["failures"] == {"http_400": 1, "http_503": 1}
     fails = [json.loads(x) for x in (tmp_path / "data/completions/failures.jsonl").read_text().splitlines()]
     assert [(f["id"], f["reason"]) for f in fails] == [(bad, "http_400"), (flaky, "http_503")]
     assert "context length" in fails[0]["detail"]
     with FakeSGLang() as srv:  # healthy now: only the two failed prompts are sent again
         m = run_in(tmp_path, {**p, "endpoints": [srv.url]})
         assert sorted(r["id"] for r in srv.requests) == sorted([bad, flaky])
-    assert m["completions"] == 6 and m["failed"] == 0
+    assert m.headline["rows"] == 6 and m.headline["failed"] == 0
     assert [r["id"] for r in read_rows(tmp_path)] == [q.id for q in prompts]
 
 
@@ -83,13 +100,13 @@ def test_truncated_answers_excluded_and_counted(tmp_path):
     with FakeSGLang(truncate=cut) as srv:
         p = sglang_params(srv.url)
         m = run_in(make_project(tmp_path, prompts, p), p)
-    assert m["truncated"] == 2 and m["completions"] == 4 and m["per_source"]["alpha"]["truncated"] == 2
+    assert m.headline["truncated"] == 2 and m.headline["rows"] == 4 and m.details["per_source"]["alpha"]["truncated"] == 2
     assert cut.isdisjoint(r["id"] for r in read_rows(tmp_path))
     with FakeSGLang(truncate=cut) as srv:  # kept on request; they are results, so nothing is sent again
         m = run_in(tmp_path, {**p, "endpoints": [srv.url], "keep_truncated": True})
         assert srv.requests == []
     rows = {r["id"]: r for r in read_rows(tmp_path)}
-    assert m["completions"] == 6 and rows[prompts[0].id]["finish_reason"] == "length"
+    assert m.headline["rows"] == 6 and rows[prompts[0].id]["finish_reason"] == "length"
 
 
 def test_thinking_keeps_reasoning_apart_and_empty_reasoning_fails(tmp_path):
@@ -105,7 +122,7 @@ def test_thinking_keeps_reasoning_apart_and_empty_reasoning_fails(tmp_path):
     with FakeSGLang(reasoning_parser=False) as srv:
         p = sglang_params(srv.url, enable_thinking=True, seed=1)
         m = run_in(make_project(other, prompts, p), p)
-    assert m["failures"] == {"empty": 3} and m["completions"] == 0
+    assert m.details["failures"] == {"empty": 3} and m.headline["rows"] == 0
 
 
 def test_multi_turn_regenerated_on_the_targets_own_answers(tmp_path):
@@ -130,11 +147,11 @@ def test_multi_turn_resumes_after_its_last_finished_turn(tmp_path):
     with FakeSGLang(faults={pid: ["ok", "400"]}) as srv:
         p = sglang_params(srv.url)
         m = run_in(make_project(tmp_path, prompts, p), p)
-    assert m["failures"] == {"http_400": 1}
+    assert m.details["failures"] == {"http_400": 1}
     with FakeSGLang() as srv:
         m = run_in(tmp_path, {**p, "endpoints": [srv.url]})
         assert [r["rid"].split("-")[0] for r in srv.requests] == [f"{pid}.1", f"{pid}.2"]  # turn 0 not resent
-    assert m["completions"] == 1 and len(read_rows(tmp_path)[0]["messages"]) == 7
+    assert m.headline["rows"] == 1 and len(read_rows(tmp_path)[0]["messages"]) == 7
 
 
 def test_kill_9_then_rerun_loses_nothing_resends_nothing(tmp_path, cache):
@@ -150,7 +167,7 @@ def test_kill_9_then_rerun_loses_nothing_resends_nothing(tmp_path, cache):
     with FakeSGLang(delay_s=0.05) as srv:
         p = sglang_params(srv.url, concurrency=2)
         make_project(root, prompts, p)
-        proc = subprocess.Popen([sys.executable, str(REPO / "stages/generate.py")], cwd=root, env=env,
+        proc = subprocess.Popen([sys.executable, *stage_argv(root)], cwd=root, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         folder_glob = lambda: list((tmp_path / "cache2" / "generate").glob("*/journal.jsonl"))  # noqa: E731
         deadline = time.monotonic() + 60
@@ -166,7 +183,7 @@ def test_kill_9_then_rerun_loses_nothing_resends_nothing(tmp_path, cache):
         assert 12 <= len(journaled) < 40, "the kill must land mid-run"
         assert not (root / "data/completions").exists()
         n_first = len(srv.requests)
-        run = subprocess.run([sys.executable, str(REPO / "stages/generate.py")], cwd=root, env=env,
+        run = subprocess.run([sys.executable, *stage_argv(root)], cwd=root, env=env,
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         resent = [r["id"] for r in srv.requests[n_first:]]
@@ -176,7 +193,8 @@ def test_kill_9_then_rerun_loses_nothing_resends_nothing(tmp_path, cache):
     assert [r["id"] for r in rows] == [q.id for q in prompts]  # none lost, none twice
     assert shard_bytes(root) == reference  # byte-identical to the uninterrupted run
     metrics = json.loads((root / "metrics/generate.json").read_text())
-    assert metrics["run"]["resumed"] == len(journaled) and metrics["completions"] == 40
+    assert json.loads(run_file(root / "reports/generate.json").read_text())["resumed"] == len(journaled)
+    assert metrics["rows"] == 40
 
 
 def test_journal_key_follows_what_decides_a_result(tmp_path):
@@ -189,6 +207,23 @@ def test_journal_key_follows_what_decides_a_result(tmp_path):
         assert len(srv.requests) == 2
         run_in(tmp_path, {**p, "temperature": 0.7})  # sampling changed: generated afresh
         assert len(srv.requests) == 4
+
+
+def test_journal_key_is_unchanged():
+    """The key's content and hash as users' journals were written under (a changed key would orphan them): the
+    sglang backend's key holds no draftline code, so these values must never change."""
+    from generate_helpers import target_info
+
+    from draftline.core.scratch import scratch_key
+    from draftline.generate.key import journal_decides
+
+    decides = journal_decides(gen_params(sglang_params("http://x")), target_info())
+    assert decides == {"target": {"tokenizer_fingerprint": "tok-fp", "model_fingerprint": "model-fp"},
+                       "sampling": {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": 0},
+                       "enable_thinking": False, "backend": "sglang"}
+    assert scratch_key(decides) == "b8272e7804ca80f4"
+    sampled = gen_params(sglang_params("http://x", temperature=0.7, enable_thinking=True, concurrency=9, retries=0))
+    assert scratch_key(journal_decides(sampled, target_info())) == "3d36a27c049d621a"
 
 
 def test_unknown_param_is_an_error():
@@ -213,7 +248,7 @@ def test_servers_behind_an_api_key(tmp_path, monkeypatch, caplog):
         monkeypatch.setenv("DRAFTLINE_TEST_API_KEY", "s3cret-token")
         with caplog.at_level("DEBUG"):
             m = run_in(tmp_path, p)
-    assert m["completions"] == 4
+    assert m.headline["rows"] == 4
     written = [f for f in tmp_path.rglob("*") if f.is_file()]
     assert not [f for f in written if b"s3cret-token" in f.read_bytes()]
     assert "s3cret-token" not in caplog.text
@@ -232,4 +267,39 @@ def test_servers_down_mid_run_stop_the_stage_and_keep_its_progress(tmp_path):
         run_in(tmp_path, p)
     with FakeSGLang() as srv:
         m = run_in(tmp_path, {**p, "endpoints": [srv.url]})
-    assert m["completions"] == 6 and len(srv.requests) == 2
+    assert m.headline["rows"] == 6 and len(srv.requests) == 2
+
+
+def test_a_refusal_prints_one_line_and_exits_1(tmp_path):
+    """Run as dvc runs it, an expected refusal (here an API key variable that is unset) prints its one message and
+    exits 1, without a traceback, before any work."""
+    p = sglang_params("http://127.0.0.1:9", api_key_env="DRAFTLINE_TEST_UNSET_KEY")
+    root = make_project(tmp_path, make_prompts(2), p)
+    env = {k: v for k, v in os.environ.items() if k != "DRAFTLINE_TEST_UNSET_KEY"}
+    env.update(DRAFTLINE_PARAMS=str(root / "params.yaml"), PYTHONPATH=str(REPO / "src"))
+    run = subprocess.run([sys.executable, *stage_argv(root)], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert lines == ["generate: generate.api_key_env names $DRAFTLINE_TEST_UNSET_KEY, which is unset or empty: export "
+                     "the servers' API key in it (or set generate.api_key_env: null)"]
+    assert not (root / "data/completions").exists() and not (root / "metrics").exists()
+
+
+def test_strict_stops_at_the_first_bad_prompt_line(tmp_path):
+    """generate.strict: false counts a bad line of the prompts file (headline ``skipped``, report ``skips``) and
+    goes on; true stops at it, naming the line."""
+    from draftline.core.skips import SkipError
+
+    prompts = make_prompts(3)
+    with FakeSGLang() as srv:
+        p = sglang_params(srv.url)
+        root = make_project(tmp_path, prompts, p)
+        with open(root / "data/prompts/train.jsonl", "a", encoding="utf-8") as f:
+            f.write("{not json\n")
+        m = run_in(root, p)
+        assert m.headline["rows"] == 3
+        assert json.loads((root / "metrics/generate.json").read_text())["skipped"] == 1
+        assert json.loads((root / "reports/generate.json").read_text())["skips"] == {"invalid JSON": 1}
+        with pytest.raises(SkipError, match=r"train\.jsonl:4: invalid JSON"):
+            run_in(root, {**p, "strict": True})

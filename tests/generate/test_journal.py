@@ -11,12 +11,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from generate_helpers import gen_params, make_project, make_prompts, read_rows, run_in, sglang_params, shard_bytes
+from generate_helpers import make_project, make_prompts, read_rows, run_in, sglang_params, shard_bytes, stage_argv
 from sglang_server import FakeSGLang
 
 from draftline.core.files import DiskFullError
 from draftline.generate.journal import Journal, decode, encode, start_at
-from draftline.generate.stage import run_generate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +75,7 @@ def test_a_corrupted_result_is_sent_again_and_the_output_is_unchanged(tmp_path, 
     with FakeSGLang() as srv:
         m = run_in(tmp_path, {**p, "endpoints": [srv.url]})
         assert [r["id"] for r in srv.requests] == [victim]
-    assert m["run"]["resumed"] == 11 and shard_bytes(tmp_path) == reference
+    assert m.run["resumed"] == 11 and shard_bytes(tmp_path) == reference
 
 
 def test_two_processes_share_one_journal(tmp_path, cache):
@@ -96,7 +95,7 @@ def test_two_processes_share_one_journal(tmp_path, cache):
             root = make_project(tmp_path / name, prompts, p)
             env = {**os.environ, "DRAFTLINE_CACHE": str(shared), "DRAFTLINE_PARAMS": str(root / "params.yaml"),
                    "PYTHONPATH": str(REPO / "src")}
-            procs.append(subprocess.Popen([sys.executable, str(REPO / "stages/generate.py")], cwd=root, env=env,
+            procs.append(subprocess.Popen([sys.executable, *stage_argv(root)], cwd=root, env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
             if not procs[1:]:  # the second node starts once the first is under way
                 deadline = time.monotonic() + 60
@@ -135,8 +134,7 @@ def test_a_full_disk_stops_the_stage_naming_the_path_then_the_rerun_gives_the_sa
     out = disk.path / "completions"
 
     def run(url):
-        return run_generate(gen_params({**p, "endpoints": [url]}), root / "data/prompts/train.jsonl",
-                            root / "data/target", out, root / "metrics/generate.json")
+        return run_in(root, {**p, "endpoints": [url]}, out)
 
     with FakeSGLang() as srv:
         with pytest.raises(DiskFullError, match=r"generation journal \(.*journal\.jsonl\)"):
@@ -153,4 +151,4 @@ def test_a_full_disk_stops_the_stage_naming_the_path_then_the_rerun_gives_the_sa
         m = run(srv.url)
         assert srv.requests == []  # everything was journaled by then
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == reference
-    assert m["completions"] == 40 and len(first) < 40
+    assert m.headline["rows"] == 40 and len(first) < 40

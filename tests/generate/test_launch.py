@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline.generate.launcher import Server, launch_env, sglang_command
+from draftline.core.errors import Refusal
+from draftline.generate.launcher import Server, ServerFailed, launch_env, sglang_command
 from draftline.generate.params import LaunchParams
 
 # params.yaml's commented launch example: generate.launch takes every key once it is set.
@@ -53,7 +54,8 @@ def test_server_started_waited_for_and_stopped(tmp_path):
 
 def test_server_that_dies_early_is_reported(tmp_path):
     argv = [sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"]
-    with pytest.raises(RuntimeError, match="exited with code 3"):
+    with pytest.raises(ServerFailed, match="exited with code 3") as e:
         with Server(argv, f"http://127.0.0.1:{free_port()}", tmp_path / "s.log", health_timeout_s=30):
             pass
+    assert isinstance(e.value, Refusal) and isinstance(e.value, RuntimeError)  # printed alone by the stage runner
     assert "CUDA out of memory" in (tmp_path / "s.log").read_text()

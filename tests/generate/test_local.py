@@ -9,9 +9,10 @@ from generate_helpers import gen_params, make_prompts
 
 from draftline.core.chat import render
 from draftline.core.files import write_jsonl
+from draftline.core.runner import execute
 from draftline.generate.journal import Journal
 from draftline.generate.local import split_reasoning
-from draftline.generate.stage import run_generate
+from draftline.generate.stage import GenerateArgs, run_generate
 
 
 @pytest.mark.parametrize("text,forced,expected", [
@@ -43,7 +44,10 @@ def _prompts(n):
 
 
 def _run(tmp_path, target, params):
-    return run_generate(gen_params(params), tmp_path / "train.jsonl", target, tmp_path / "out", tmp_path / "metrics.json")
+    """The stage over ``tmp_path``'s train.jsonl and the target folder ``target``."""
+    args = GenerateArgs(prompts=tmp_path / "train.jsonl", target=target / "target.json", out=tmp_path / "out",
+                        metrics=tmp_path / "metrics.json", report=tmp_path / "report.json")
+    return execute("generate", run_generate, gen_params(params), args)
 
 
 LOCAL = {"backend": "local", "max_tokens": 12, "shard_size": 3, "keep_truncated": True,
@@ -57,13 +61,13 @@ def test_local_backend_end_to_end_and_resume(tmp_path, embedded_target):
     write_jsonl(tmp_path / "train.jsonl", prompts)
     m = _run(tmp_path, embedded_target, LOCAL)
     rows = [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*")) for line in open(p)]
-    assert [r["id"] for r in rows] == [p.id for p in prompts] and m["completions"] == 7
+    assert [r["id"] for r in rows] == [p.id for p in prompts] and m.headline["rows"] == 7
     roles = [m["role"] for m in rows[0]["messages"]]  # the multi-turn row: a reply after each user turn
     assert roles[1:] == ["user", "assistant"] * (len(roles) // 2)
     assert len(roles) == 7 or rows[0]["finish_reason"] == "length"  # a cut turn ends the conversation
 
     # The reply is the target's greedy continuation of the prompt rendered by its own template.
-    info = load_target(embedded_target)
+    info = load_target(embedded_target / "target.json")
     tok, model = load_tokenizer(info), load_model(info, dtype="float32")
     row = rows[2]
     ids = tok(render(tok, prompts[2].messages, None, enable_thinking=False, generation_prompt=True), add_special_tokens=False,
@@ -84,7 +88,7 @@ def test_local_backend_end_to_end_and_resume(tmp_path, embedded_target):
     lines = journal.read_bytes().splitlines(keepends=True)
     journal.write_bytes(b"".join(lines[:3]) + lines[3][:10])
     m2 = _run(tmp_path, embedded_target, LOCAL)
-    assert m2["run"]["resumed"] == 3 and m2["run"]["finished"] == 4
+    assert m2.run["resumed"] == 3 and m2.run["finished"] == 4
     assert {p.name: p.read_bytes() for p in sorted((tmp_path / "out").iterdir())} == before
 
 
@@ -95,8 +99,8 @@ def test_local_thinking_and_truncation_accounting(tmp_path, embedded_target):
     m = _run(tmp_path, embedded_target, params)
     entries = Journal(next((tmp_path / "cache").glob("generate/*"))).load()
     truncated = sum(e.get("finish_reason") == "length" and e["status"] == "ok" for e in entries.values())
-    assert m["truncated"] == truncated and m["completions"] + m["truncated"] + m["failed"] == 4
-    assert set(m["failures"]) <= {"empty"}
+    assert m.headline["truncated"] == truncated and m.headline["rows"] + truncated + m.headline["failed"] == 4
+    assert set(m.details["failures"]) <= {"empty"}
     for r in read_rows_from(tmp_path):
         assert r["finish_reason"] != "length" and r["messages"][-1]["reasoning_content"]
 
@@ -143,9 +147,9 @@ def test_workers_give_the_same_bytes(tmp_path, embedded_target, monkeypatch):
         lines = next((folder / "cache").glob("generate/*/journal.jsonl")).read_text().splitlines()
         assert sorted(json.loads(line)["id"] for line in lines) == sorted(p.id for p in prompts)
     assert outs[0] == outs[1]
-    assert metrics[1]["run"]["finished"] == 10 and metrics[1]["run"]["requests"] == metrics[0]["run"]["requests"]
+    assert metrics[1].run["finished"] == 10 and metrics[1].run["requests"] == metrics[0].run["requests"]
     again = _run(tmp_path / "w3", embedded_target, LOCAL)  # the one-worker params find everything journaled
-    assert again["run"]["resumed"] == 10 and again["run"]["requests"] == 0
+    assert again.run["resumed"] == 10 and again.run["requests"] == 0
 
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "d",
@@ -184,7 +188,7 @@ def test_a_reply_that_calls_a_tool_carries_tool_calls_and_finishes_as_the_server
     from draftline.generate.local import LocalBackend
 
     s = gen_params(LOCAL)
-    backend = LocalBackend(load_target(embedded_target), s.sampling, False, s.local)
+    backend = LocalBackend(load_target(embedded_target / "target.json"), s.sampling, False, s.local)
     reply = 'On it.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     r = backend._result(reply, "<prompt>", [TOOL], "stop", 10, 20)
     assert r.finish_reason == "tool_calls" and r.message["content"] == "On it."

@@ -31,9 +31,13 @@ from merge_support import (
 
 from draftline.core import dataset as fmt
 from draftline.core.dataset import ORDER_FILE, load_training_set
+from draftline.core.errors import MissingInput, Refusal
 from draftline.core.files import DiskFullError
+from draftline.core.runner import StageRun, execute, main, run_file
+from draftline.merge.carry import CarryError
 from draftline.merge.guards import PROMPT_KEY_PREFIX, MergeGuardError
-from draftline.merge.stage import MergeParams, run_merge
+from draftline.merge.params import MergeParams
+from draftline.merge.stage import MergeArgs, run_merge
 
 
 def merge_params(**overrides) -> MergeParams:
@@ -57,14 +61,20 @@ def world(tmp_path: Path, tok_dir: Path):
     return tmp_path, info, base_rows, new_rows
 
 
+def stage_args(root: Path, out: Path | None = None) -> MergeArgs:
+    """The paths dvc.yaml passes, under ``root``."""
+    return MergeArgs(tokenized=root / "data/tokenized", target=root / "data/target/target.json",
+                     out=out or root / "data/merged", metrics=root / "metrics/merge.json",
+                     report=root / "reports/merge.json")
+
+
+def merge_run(root: Path, out: Path | None = None, **params) -> StageRun:
+    return execute("merge", run_merge, merge_params(**params), stage_args(root, out))
+
+
 def merge(root: Path, **params) -> dict:
-    return run_merge(
-        merge_params(**params),
-        tokenized_dir=root / "data/tokenized",
-        target_dir=root / "data/target",
-        out_dir=root / "data/merged",
-        metrics_path=root / "metrics/merge.json",
-    )
+    """The merge's details (its report, less the runner's skips)."""
+    return merge_run(root, **params).details
 
 
 def test_a_damaged_base_shard_is_refused_before_anything_is_written(world):
@@ -86,8 +96,7 @@ def test_a_full_disk_fails_naming_the_output_leaves_nothing_then_the_rerun_gives
     out = disk.path / "merged"
 
     def run():
-        return run_merge(merge_params(base=base), root / "data/tokenized", root / "data/target", out,
-                         root / "metrics/merge.json")
+        return merge_run(root, out, base=base)
 
     with pytest.raises(DiskFullError, match=r"merged"):
         run()
@@ -167,15 +176,21 @@ def test_stats_match_the_rows(world):
     assert set(mix) == {"old", "fresh"} and mix["old"]["samples"] == 40 and mix["fresh"]["samples"] == 25
     assert mix["old"]["share_rows"] == pytest.approx(40 / 65, abs=1e-6)
     assert mix["fresh"]["share_tokens"] == pytest.approx(kept_n.sum() / all_n.sum(), abs=1e-6)
-    assert json.loads((root / "metrics/merge.json").read_text()) == json.loads(json.dumps(m))
+    assert json.loads((root / "reports/merge.json").read_text()) == json.loads(json.dumps({**m, "skips": {}}))
+    assert json.loads((root / "metrics/merge.json").read_text()) == {
+        "rows": 65, "tokens": int(all_n.sum()), "loss_tokens": loss, "dropped": 5, "base_rows": 40, "skipped": 0,
+    }
+    assert set(json.loads(run_file(root / "reports/merge.json").read_text())) == {"stage_seconds"}
 
 
 def test_deterministic_and_seeded(world):
     root, *_ = world
     merge(root, base=str(root / "data/bases/r1"), seed=3)
     first = file_hashes(root / "data/merged")
+    reported = [(root / f).read_bytes() for f in ("metrics/merge.json", "reports/merge.json")]
     merge(root, base=str(root / "data/bases/r1"), seed=3)
     assert file_hashes(root / "data/merged") == first
+    assert [(root / f).read_bytes() for f in ("metrics/merge.json", "reports/merge.json")] == reported
     merge(root, base=str(root / "data/bases/r1"), seed=4)
     again = file_hashes(root / "data/merged")
     assert again[ORDER_FILE] != first[ORDER_FILE]
@@ -321,6 +336,28 @@ def test_unsafe_columns_are_refused_naming_the_column(world, column, values, mat
         assert m["guards"]["dropped_columns"] == ["attention_mask"] and m["merged"]["samples"] == 65
 
 
+def test_refusals_are_one_line_without_a_traceback(world, capsys):
+    """A refused base and a missing input, run as ``stages/merge.py`` runs them: the message alone, exit 1."""
+    root, _, base_rows, _ = world
+    write_legacy(root / "data/bases/legacy", base_rows)
+    argv = [f"--{k}={v}" for k, v in vars(stage_args(root)).items()]
+    for params, message in ((merge_params(base=str(root / "data/bases/legacy")), "nothing says which tokenizer"),
+                            (merge_params(), "run the tokenize stage first")):
+        if message.startswith("run the tokenize"):
+            shutil.rmtree(root / "data/tokenized")
+        with pytest.raises(SystemExit) as exit_:
+            main("merge", MergeArgs, lambda _args, p=params: p, run_merge, argv)
+        assert exit_.value.code == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert len([line for line in err.splitlines() if message in line]) == 1
+        assert [line for line in err.splitlines() if message in line][0].startswith("merge: ")
+    assert not (root / "data/merged").exists() and not (root / "metrics/merge.json").exists()
+    with pytest.raises(MissingInput):
+        merge(root)
+    assert issubclass(MergeGuardError, Refusal) and issubclass(CarryError, Refusal)
+
+
 def test_unknown_param_is_an_error():
     with pytest.raises(ValueError, match="unknown key"):
         merge_params(bse="x")
@@ -391,7 +428,7 @@ def test_carry_reflink_is_refused_clearly_where_the_filesystem_has_none(world):
         m = merge(root, base=str(root / "data/bases/r1"), carry="reflink")
         assert m["carried_by"] == "reflink" and not any(os.path.samefile(b, o) for b, o in carried_pairs(root))
     else:
-        with pytest.raises(OSError, match="merge.carry: reflink"):
+        with pytest.raises(CarryError, match="merge.carry: reflink"):
             merge(root, base=str(root / "data/bases/r1"), carry="reflink")
         assert not (root / "data/merged").exists()
 
@@ -419,7 +456,7 @@ def test_hardlink_across_filesystems_falls_back_to_a_copy(world):
         shutil.copytree(root / "data/bases/r1", elsewhere / "r1")
         m = merge(root, base=str(elsewhere / "r1"))
         assert m["carried_by"] == "copy" and m["base_shards_carried"] > 0
-        with pytest.raises(OSError, match="merge.carry: hardlink"):
+        with pytest.raises(CarryError, match="merge.carry: hardlink"):
             merge(root, base=str(elsewhere / "r1"), carry="hardlink")
     finally:
         shutil.rmtree(elsewhere)

@@ -31,10 +31,13 @@ from draftline.core.dataset import load_training_set
 REPO = Path(__file__).resolve().parents[2]
 DVC = str(Path(sys.executable).with_name("dvc"))
 
-DVC_YAML = """\
+# The paths as the project's dvc.yaml passes them (there through its `vars`).
+MERGE_ARGS = ["--tokenized", "data/tokenized", "--target", "data/target/target.json", "--out", "data/merged",
+              "--metrics", "metrics/merge.json", "--report", "reports/merge.json"]
+DVC_YAML = f"""\
 stages:
   merge:
-    cmd: python stages/merge.py
+    cmd: python stages/merge.py {" ".join(MERGE_ARGS)}
     deps:
       - stages/merge.py
       - data/tokenized
@@ -44,6 +47,8 @@ stages:
       - merge
     outs:
       - data/merged
+      - reports/merge.json:
+          cache: false
     metrics:
       - metrics/merge.json:
           cache: false
@@ -86,6 +91,7 @@ def test_versions_rollback_and_remote(tmp_path: Path, cache: str):
     (repo / "stages").mkdir(parents=True)
     shutil.copy(REPO / "stages/merge.py", repo / "stages/merge.py")
     (repo / "dvc.yaml").write_text(DVC_YAML, encoding="utf-8")
+    (repo / ".gitignore").write_text("*.run.json\n", encoding="utf-8")  # times of the last run: not versioned
     (repo / "data/bases").mkdir(parents=True)
     (repo / "data/bases/README.md").write_text("bases\n", encoding="utf-8")
     info = write_target(repo / "data/target/target.json", tok_dir)
@@ -131,7 +137,7 @@ def test_versions_rollback_and_remote(tmp_path: Path, cache: str):
     # The base's shards are already in the cache: workspace + cache grow by the new shards (in the cache and,
     # under a copy cache, copied out again into data/merged: the workspace then holds the base twice), the order
     # and small metadata.
-    carried_by = json.loads((repo / "metrics/merge.json").read_text())["carried_by"]
+    carried_by = json.loads((repo / "reports/merge.json").read_text())["carried_by"]
     assert carried_by in ("reflink", "hardlink")  # auto
     merged_files = [repo / "data/merged" / f for f in fmt.shard_files(repo / "data/merged")]
     if link_cache:
@@ -156,16 +162,18 @@ def test_versions_rollback_and_remote(tmp_path: Path, cache: str):
     # The stage run outside DVC leaves the base's shards hardlinked into data/merged. Checking out another
     # data/merged replaces those files (DVC never writes into one): the base and the cache stay intact.
     base_v2 = file_hashes(repo / "data/bases/r1")
-    sh(repo, sys.executable, "stages/merge.py")
+    sh(repo, sys.executable, "stages/merge.py", *MERGE_ARGS)
     assert file_hashes(repo / "data/merged") == v2
+    # Metrics and report are the same bytes as the committed ones: only the run file (not in git) changed.
+    assert sh(repo, "git", "status", "--porcelain", "metrics", "reports") == ""
+    assert (repo / "reports/merge.run.json").is_file()
     if carried_by == "hardlink":
         assert sum(f.stat().st_nlink >= 2 for f in merged_files) >= n_base
     sh(repo, "git", "checkout", "-q", "HEAD~1", "--", "dvc.lock")
     sh(repo, DVC, "checkout", "-f", "data/merged")
     assert file_hashes(repo / "data/merged") == v1
     assert file_hashes(repo / "data/bases/r1") == base_v2 and cache_is_intact(repo)
-    # The run outside DVC also rewrote the metrics (their stage_seconds): git keeps those, not DVC's cache.
-    sh(repo, "git", "checkout", "-q", "HEAD", "--", "dvc.lock", "metrics/merge.json")
+    sh(repo, "git", "checkout", "-q", "HEAD", "--", "dvc.lock")
     sh(repo, DVC, "checkout", "-f")
     assert file_hashes(repo / "data/merged") == v2
     assert "up to date" in sh(repo, DVC, "status").lower()

@@ -10,7 +10,8 @@ from conftest import default_params
 
 from draftline.core.records import Conversation
 from draftline.prompts.canonical import cut_prompt, prompt_id
-from draftline.prompts.dedup import DedupParams, MinHasher, NearParams, lsh_params
+from draftline.prompts.dedup import MinHasher, lsh_params
+from draftline.prompts.params import DedupParams, NearParams
 from draftline.prompts.report import SourceReport
 from draftline.prompts.stage import deduplicate
 

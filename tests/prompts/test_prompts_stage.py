@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
+import early_stages as run
 import pytest
 from conftest import default_params
 
-from draftline.conversations.stage import ConversationsParams, run_conversations
-from draftline.core.files import iter_jsonl
+from draftline.conversations.params import ConversationsParams
+from draftline.core.jsonl import iter_jsonl
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation
+from draftline.core.runner import main, run_file
 from draftline.core.skips import SkipError
 from draftline.core.source_spec import SourceSpec
 from draftline.core.target import load_target, load_tokenizer
-from draftline.prompts.blend import BlendError, BlendParams
-from draftline.prompts.dedup import DedupParams
-from draftline.prompts.stage import PromptsParams, run_prompts
-from draftline.target.stage import TargetParams, write_target
+from draftline.prompts.blend import BlendError
+from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
+from draftline.prompts.stage import PromptsArgs, run_prompts
+from draftline.target.params import TargetParams
+from draftline.target.stage import write_target
 
 SOURCES = {
     "glaive": ("agent_glaive_toolcall_sharegpt", "agent"),
@@ -39,8 +43,8 @@ def _conversations(root: Path, adapters: dict[str, str], params=CONVERSATIONS) -
     """Every source's raw rows (under ``root/raw``) through the conversations stage, into ``root/<tag>``."""
     out = root / ("conversations-" + "-".join(f"{n}.{a}" for n, a in sorted(adapters.items()))[:80])
     for name, adapter in adapters.items():
-        spec = SourceSpec.parse({"path": "x", "adapter": adapter}, f"sources.{name}")
-        run_conversations(name, spec, params, root / "raw", out, root / "metrics-conversations")
+        run.conversations(root, name, SourceSpec.parse({"path": "x", "adapter": adapter}, f"sources.{name}"), params,
+                          out=out)
     return out
 
 
@@ -56,14 +60,13 @@ def env(datasets_dir: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.
 
 
 def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, adapters=None):
+    """The stage's report (its details) and the folder holding ``prompts/`` and its metrics, report and plot."""
     adapters = adapters or {name: a for name, (_, a) in SOURCES.items()}
     o = env / out
-    metrics = run_prompts(
-        list(SOURCES), PromptsParams.parse(prompts, "prompts"), DedupParams.parse(DEDUP, "dedup"),
-        BlendParams.parse(blend, "blend"), False, conversations_root=_conversations(env, adapters),
-        target_dir=env / "target", out_dir=o / "prompts", metrics_path=o / "metrics.json", plots_path=o / "mix.csv",
-    )
-    return metrics, o
+    settings = PromptsSettings(list(SOURCES), PromptsParams.parse(prompts, "prompts"), DedupParams.parse(DEDUP, "dedup"),
+                               BlendParams.parse(blend, "blend"), False)
+    stage = run.prompts(env, settings, out=o / "prompts", conversations_dir=_conversations(env, adapters))
+    return stage.details, o
 
 
 def _rows(path: Path) -> list[dict]:
@@ -87,17 +90,23 @@ def test_gives_exactly_total_train_rows_and_a_disjoint_eval(env: Path, total: in
     m = metrics["sources"]["http"]
     assert m["skipped"] == {"malformed": 1} and m["rows_read"] == 10
     assert m["available"] == m["prompts"] - m["exact_duplicates"] - m["near_duplicates"]
-    assert json.loads((o / "metrics.json").read_text()) == metrics
-    assert (o / "mix.csv").read_text().splitlines()[0].startswith("source,rows_read,")
+    # The stage's skips: every source's, by reason (what adapting and cutting prompts could not read).
+    skips = sum((Counter(m["skipped"]) for m in metrics["sources"].values()), Counter())
+    assert json.loads((o / "prompts-report.json").read_text()) == metrics | {"skips": dict(sorted(skips.items()))}
+    headline = json.loads((o / "prompts-metrics.json").read_text())
+    assert headline == {"rows": total, "tokens": metrics["train_tokens"], "eval_rows": metrics["eval_rows"],
+                        "duplicates": sum(m["exact_duplicates"] + m["near_duplicates"] for m in metrics["sources"].values()),
+                        "skipped": skips.total()}
+    assert (o / "prompts-mix.csv").read_text().splitlines()[0].startswith("source,rows_read,")
 
 
 def test_two_runs_are_byte_identical(env: Path) -> None:
     _, a = _run(env, "a", BLEND)
     _, b = _run(env, "b", BLEND)
-    for f in ("prompts/train.jsonl", "prompts/eval.jsonl", "mix.csv"):
+    for f in ("prompts/train.jsonl", "prompts/eval.jsonl", "prompts-mix.csv", "prompts-metrics.json",
+              "prompts-report.json"):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
-    ma, mb = (json.loads((x / "metrics.json").read_text()) for x in (a, b))
-    assert ma.pop("stage_seconds") >= 0 and mb.pop("stage_seconds") >= 0 and ma == mb  # all but the run's time
+    assert json.loads(run_file(a / "prompts-report.json").read_text())["stage_seconds"] >= 0  # the run's alone
     _, c = _run(env, "c", {**BLEND, "seed": 1})
     assert (a / "prompts/train.jsonl").read_bytes() != (c / "prompts/train.jsonl").read_bytes()
 
@@ -106,7 +115,7 @@ def test_unit_tokens_meets_total_within_one_row(env: Path) -> None:
     metrics, o = _run(env, "tok", {**BLEND, "unit": "tokens", "total": 15000})
     train = _rows(o / "prompts/train.jsonl")
     assert metrics["unit"] == "tokens" and metrics["requested_tokens"] == 15000
-    tok = load_tokenizer(load_target(env / "target"))
+    tok = load_tokenizer(load_target(env / "target" / "target.json"))
     costs = [
         len(tok.apply_chat_template(r["messages"], tools=r["tools"], add_generation_prompt=True, tokenize=True,
                                     return_dict=False, enable_thinking=False))  # the run's thinking mode
@@ -128,11 +137,28 @@ def test_infeasible_blend_fails_before_writing(env: Path) -> None:
     assert not (env / "none").exists()
 
 
+def test_an_infeasible_blend_run_as_dvc_runs_it_prints_one_line_and_exits_1(env: Path, capsys) -> None:
+    """The stage script's failure mode: an expected refusal is its message alone (a traceback is for bugs)."""
+    settings = PromptsSettings(list(SOURCES), PromptsParams.parse(PROMPTS, "prompts"), DedupParams.parse(DEDUP, "dedup"),
+                               BlendParams.parse({**BLEND, "total": 200000}, "blend"), False)
+    o = env / "refused"
+    argv = ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
+            str(env / "target/target.json"), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
+            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv")]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main("prompts", PromptsArgs, lambda _: settings, run_prompts, argv)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err  # progress bars, then the refusal
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("prompts: blend.total=200000 samples but only ")
+    assert not o.exists()
+
+
 def test_strict_stops_at_the_first_bad_row_naming_it(env: Path) -> None:
     strict = ConversationsParams.parse({"multimodal": "drop", "strict": True}, "conversations")
     with pytest.raises(SkipError, match="hermes row 1: bad_tools"):
-        run_conversations("hermes", SourceSpec.parse({"path": "x", "adapter": "hermes_fc"}, "sources.hermes"), strict,
-                          env / "raw", env / "strict", env / "strict-metrics")
+        run.conversations(env, "hermes", SourceSpec.parse({"path": "x", "adapter": "hermes_fc"}, "sources.hermes"),
+                          strict, out=env / "strict")
     assert not (env / "strict" / "hermes").exists()
 
 
@@ -156,11 +182,10 @@ def test_prompts_strict_stops_at_a_conversation_with_no_prompt(env: Path, tmp_pa
         Conversation(source="x", row=0, messages=[{"role": "assistant", "content": "hi"}]).to_json() + "\n")
     (folder / CONVERSATIONS_STATS_FILE).write_text(json.dumps({"rows_read": 1, "skipped": {}, "media_parts_dropped": 0}))
     blend = {**BLEND, "total": 0, "sources": {}}
-    args = (["x"], PromptsParams.parse({**PROMPTS, "strict": True}, "prompts"),
-            DedupParams.parse({**DEDUP, "priority": [], "near": {**DEDUP["near"], "exact_numbers": []}}, "dedup"),
-            BlendParams.parse(blend, "blend"), False)
-    out = dict(conversations_root=tmp_path / "conversations", target_dir=env / "target", out_dir=tmp_path / "p",
-               metrics_path=tmp_path / "m.json", plots_path=tmp_path / "mix.csv")
+    settings = PromptsSettings(
+        ["x"], PromptsParams.parse({**PROMPTS, "strict": True}, "prompts"),
+        DedupParams.parse({**DEDUP, "priority": [], "near": {**DEDUP["near"], "exact_numbers": []}}, "dedup"),
+        BlendParams.parse(blend, "blend"), False)
     with pytest.raises(SkipError, match="x row 0: no_user"):
-        run_prompts(*args, **out)
+        run.prompts(tmp_path, settings, out=tmp_path / "p", target_dir=env / "target")
     assert not (tmp_path / "p").exists()

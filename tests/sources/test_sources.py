@@ -13,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from draftline.core.raw import RAW_FILE, json_columns, read_raw
+from draftline.core.runner import execute, run_file
 from draftline.core.skips import SkipError
 from draftline.core.source_spec import SourceSpec
-from draftline.sources.stage import run_source
+from draftline.sources.stage import SourceArgs, run_source
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = [
@@ -25,9 +26,16 @@ FIXTURES = [
 ]
 
 
+def source_args(root: Path, name: str, raw: str = "raw", reports: str = "reports") -> SourceArgs:
+    return SourceArgs(source=name, out=root / raw / name, report=root / reports / f"{name}.json")
+
+
 def run(tmp_path: Path, name: str, **params) -> dict:
+    """The stage's report (what it read, skipped and wrote) after a run of source ``name``."""
     params.setdefault("adapter", name)
-    return run_source(name, SourceSpec.parse(params, f"sources.{name}"), tmp_path / "raw", tmp_path / "metrics")
+    args = source_args(tmp_path, name)
+    execute("sources", run_source, SourceSpec.parse(params, f"sources.{name}"), args)
+    return json.loads(args.report.read_text())
 
 
 def raw_rows(tmp_path: Path, name: str) -> list[dict]:
@@ -58,7 +66,7 @@ def test_real_rows_load_with_values_preserved(tmp_path, datasets_dir, name):
     originals = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
     metrics = run(tmp_path, name, path=str(src))
     assert metrics["rows_read"] == metrics["rows_written"] == len(originals)
-    assert metrics["broken_rows"] == 0
+    assert metrics["skips"] == {}
     got = raw_rows(tmp_path, name)
     assert got == filled(originals)
     # Same values, and the same JSON types: an int stays an int, a float a float.
@@ -99,12 +107,11 @@ def test_mixed_types_stored_as_json_and_given_back(tmp_path):
 def test_broken_lines_counted_with_line_numbers(tmp_path, caplog):
     path = write_jsonl(tmp_path / "b.jsonl", [{"q": "one"}, '{"q": "tw', "", {"q": "three"}, "[1, 2]", "not json"])
     m = run(tmp_path, "b", path=str(path))
-    assert (m["rows_read"], m["rows_written"], m["broken_rows"]) == (5, 2, 3)
-    assert m["skipped"] == {"invalid JSON": 2, "not an object": 1}
+    assert (m["rows_read"], m["rows_written"]) == (5, 2)
+    assert m["skips"] == {"invalid JSON": 2, "not an object": 1}
     assert [b["where"] for b in m["broken"]] == [f"{path}:2", f"{path}:5", f"{path}:6"]
     assert raw_rows(tmp_path, "b") == [{"q": "one"}, {"q": "three"}]
     assert f"{path}:2" in caplog.text
-    assert json.loads((tmp_path / "metrics" / "b.json").read_text())["broken_rows"] == 3
 
 
 def test_strict_raises_naming_file_and_line_and_keeps_old_output(tmp_path):
@@ -196,11 +203,12 @@ def test_load_dataset_path_on_a_local_dataset_folder(tmp_path, datasets_dir, hub
 def test_two_runs_give_identical_bytes(tmp_path, datasets_dir):
     src = str(datasets_dir / "openai_multimodal_request_bodies.jsonl")
     spec = SourceSpec.parse({"path": src, "adapter": "http_traces"}, "sources.a")
-    run_source("a", spec, tmp_path / "r1", tmp_path / "m1")
-    run_source("a", spec, tmp_path / "r2", tmp_path / "m2")
-    assert (tmp_path / "r1" / "a" / RAW_FILE).read_bytes() == (tmp_path / "r2" / "a" / RAW_FILE).read_bytes()
-    m1, m2 = (json.loads((tmp_path / m / "a.json").read_text()) for m in ("m1", "m2"))
-    assert m1.pop("stage_seconds") >= 0 and m2.pop("stage_seconds") >= 0 and m1 == m2  # all but the run's time
+    first, second = source_args(tmp_path, "a", "r1", "m1"), source_args(tmp_path, "a", "r2", "m2")
+    execute("sources", run_source, spec, first)
+    execute("sources", run_source, spec, second)
+    assert (first.out / RAW_FILE).read_bytes() == (second.out / RAW_FILE).read_bytes()
+    assert first.report.read_bytes() == second.report.read_bytes()  # the time is the run file's alone
+    assert json.loads(run_file(first.report).read_text())["stage_seconds"] >= 0
 
 
 def test_stage_script_reads_its_params(tmp_path):
@@ -210,9 +218,16 @@ def test_stage_script_reads_its_params(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     script = str(REPO / "stages" / "sources.py")
-    subprocess.run([sys.executable, script, "web"], cwd=tmp_path, env=env, check=True, capture_output=True)
-    metrics = json.loads((tmp_path / "metrics" / "sources" / "web.json").read_text())
-    assert metrics["rows_written"] == 50
-    assert len(list(read_raw(tmp_path / "data" / "raw" / "web"))) == 50
-    bad = subprocess.run([sys.executable, script, "nope"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert bad.returncode != 0 and "no entry 'nope'" in bad.stderr
+
+    def stage(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, script, "--source", name, "--out", f"raw/{name}", "--report",
+                               f"reports/{name}.json"], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    assert stage("web").returncode == 0
+    assert json.loads((tmp_path / "reports" / "web.json").read_text())["rows_written"] == 50
+    assert len(list(read_raw(tmp_path / "raw" / "web"))) == 50
+    # An expected refusal is its message alone: one line, exit 1, no traceback.
+    bad = stage("nope")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "sources@nope: params.yaml: sources has no entry 'nope'; it has ['web']")

@@ -11,21 +11,28 @@ from pathlib import Path
 import pytest
 from conftest import TINY_TARGET_PARAMS, WEATHER_TOOL, default_params, tiny_conversations
 
-from draftline.conversations.stage import ConversationsParams, run_conversations
+from draftline.conversations.params import ConversationsParams, ConversationsSettings
+from draftline.conversations.stage import ConversationsArgs, run_conversations
 from draftline.core.fingerprint import sha256_file, tokenizer_fingerprint
 from draftline.core.params import ParamsError
 from draftline.core.records import Conversation
+from draftline.core.runner import execute, run_file
 from draftline.core.source_spec import SourceSpec
 from draftline.core.target import load_model, load_target, load_tokenizer
-from draftline.sources.stage import run_source
+from draftline.sources.stage import SourceArgs, run_source
 from draftline.target.describe import describe_target
-from draftline.target.embedded.params import EmbeddedParams
-from draftline.target.stage import TargetParams, run_target, write_target
+from draftline.target.params import EmbeddedParams, TargetParams
+from draftline.target.stage import TargetArgs, run_target, write_target
 
 
 def target_params(params: dict | None = None, **overrides) -> TargetParams:
     """params.yaml's target section with ``overrides`` (or ``params`` whole, e.g. the tiny embedded one)."""
     return TargetParams.parse(params if params is not None else default_params("target", **overrides), "target")
+
+
+def target_args(root: Path, out: Path, conversations: Path | None = None) -> TargetArgs:
+    return TargetArgs(conversations=conversations or root / "conversations", out=out, metrics=root / "metrics.json",
+                      report=root / "report.json", plot=root / "loss.csv")
 
 QWEN3_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 
@@ -65,7 +72,7 @@ def test_fingerprint_same_files_same_fingerprint_one_changed_merge_differs(qwen3
 def test_describe_sees_a_changed_template_and_load_tokenizer_refuses_a_changed_folder(qwen3_tokenizer_dir, tmp_path):
     folder = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "tok")
     write_target(target_params(path=str(folder)), tmp_path / "target")
-    info = load_target(tmp_path / "target")
+    info = load_target(tmp_path / "target" / "target.json")
     assert load_tokenizer(info).eos_token_id == 151645
 
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
@@ -83,10 +90,7 @@ def test_describe_sees_a_changed_template_and_load_tokenizer_refuses_a_changed_f
 
 def test_qwen3_tokenizer_folder_as_target(qwen3_tokenizer_dir, tmp_path):
     target_dir = tmp_path / "data" / "target"
-    run_target(
-        target_params(path=str(qwen3_tokenizer_dir)), target_dir=target_dir,
-        metrics_path=tmp_path / "metrics.json", plot_path=tmp_path / "loss.csv",
-    )
+    execute("target", run_target, target_params(path=str(qwen3_tokenizer_dir)), target_args(tmp_path, target_dir))
     assert sorted(p.name for p in target_dir.iterdir()) == ["target.json"]  # used in place, nothing copied
     raw = json.loads((target_dir / "target.json").read_text())
     assert raw["eos_token"] == "<|im_end|>" and raw["eos_token_id"] == 151645
@@ -100,7 +104,7 @@ def test_qwen3_tokenizer_folder_as_target(qwen3_tokenizer_dir, tmp_path):
     template = json.loads((qwen3_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"]
     assert raw["tokenizer_fingerprint"] == tokenizer_fingerprint(qwen3_tokenizer_dir, template)
 
-    info = load_target(target_dir)
+    info = load_target(target_dir / "target.json")
     assert Path(info.path) == qwen3_tokenizer_dir.absolute()
     tok = load_tokenizer(info)
     assert tok.convert_ids_to_tokens(info.mask_token_id) == "<|video_pad|>"
@@ -108,7 +112,8 @@ def test_qwen3_tokenizer_folder_as_target(qwen3_tokenizer_dir, tmp_path):
     assert info.mask_token_id not in tok(text).input_ids
     with pytest.raises(ValueError, match="no model weights"):
         load_model(info)
-    assert json.loads((tmp_path / "metrics.json").read_text())["embedded"] is False
+    assert json.loads((tmp_path / "report.json").read_text())["embedded"] is False
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"skipped": 0}  # no build: no figures
     assert (tmp_path / "loss.csv").read_text() == "step,loss,lr,tokens,reply_tokens\n"
 
 
@@ -157,7 +162,7 @@ def test_embedded_target_round_trips_through_auto_classes(embedded_target):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    info = load_target(embedded_target)
+    info = load_target(embedded_target / "target.json")
     assert info.embedded and Path(info.path) == embedded_target / "model"
     tok = load_tokenizer(info)
     model = load_model(info, dtype=torch.float32)
@@ -195,7 +200,7 @@ def test_embedded_build_is_deterministic_and_seeded(embedded_target, tmp_path):
 
     other = tmp_path / "seed1"
     write_target(target_params({**TINY_TARGET_PARAMS, "seed": 1}), other, tiny_conversations())
-    a, b = load_target(embedded_target), load_target(other)
+    a, b = load_target(embedded_target / "target.json"), load_target(other / "target.json")
     assert a.tokenizer_fingerprint == b.tokenizer_fingerprint  # the tokenizer depends on the corpus only
     assert a.model_fingerprint != b.model_fingerprint
 
@@ -208,7 +213,7 @@ def test_the_corpus_is_each_first_exchange_as_generation_sends_it(embedded_targe
     from draftline.core.skips import Skips
     from draftline.target.embedded.build import first_exchange, training_examples
 
-    tok = load_tokenizer(load_target(embedded_target))
+    tok = load_tokenizer(load_target(embedded_target / "target.json"))
     convs = tiny_conversations(8)
     for conv in convs:
         ex = first_exchange(tok, conv)
@@ -261,17 +266,22 @@ def test_embedded_stage_from_raw_sources(tmp_path):
     src_file = tmp_path / "chats.jsonl"
     src_file.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     spec = SourceSpec.parse({"path": str(src_file), "adapter": "infinity_instruct"}, "sources.chats")
-    run_source("chats", spec, raw_root=tmp_path / "raw", metrics_root=tmp_path / "m")
-    run_conversations("chats", spec, ConversationsParams.parse(default_params("conversations"), "conversations"),
-                      tmp_path / "raw", tmp_path / "conversations", tmp_path / "m")
+    execute("sources", run_source, spec, SourceArgs(source="chats", out=tmp_path / "raw/chats", report=tmp_path / "s.json"))
+    settings = ConversationsSettings(spec, ConversationsParams.parse(default_params("conversations"), "conversations"))
+    execute("conversations", run_conversations, settings, ConversationsArgs(
+        source="chats", raw=tmp_path / "raw/chats", out=tmp_path / "conversations/chats", report=tmp_path / "c.json"))
 
-    info = run_target(
-        target_params(TINY_TARGET_PARAMS), target_dir=tmp_path / "target", conversations_root=tmp_path / "conversations",
-        metrics_path=tmp_path / "metrics.json", plot_path=tmp_path / "loss.csv",
-    )
+    stage = execute("target", run_target, target_params(TINY_TARGET_PARAMS), target_args(tmp_path, tmp_path / "target"))
+    info = load_target(tmp_path / "target" / "target.json")
     assert info.embedded and info.num_hidden_layers == 4
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "report.json").read_text())
     held = metrics["held_out"]
+    headline = json.loads((tmp_path / "metrics.json").read_text())
+    assert headline == stage.headline | {"skipped": 0} and set(headline) == {"final_loss", "runaway", "tool_calls", "skipped"}
+    assert headline["final_loss"] == metrics["final_loss"] and 0 <= headline["runaway"] <= 1
+    # How fast this machine built it is the run's, never the results'.
+    assert {"train_s", "tokens_per_s", "stage_seconds"} <= set(json.loads(run_file(tmp_path / "report.json").read_text()))
+    assert not {"train_s", "tokens_per_s", "wall_s"} & set(metrics)
     assert metrics["corpus_conversations"] + sum(r["prompts"] for r in held.values()) == 80
     assert held and all(r["prompts"] == 1 and 0 <= r["runaway"] <= 1 for r in held.values())
     assert 5e4 < metrics["parameters"] < 5e5 and metrics["final_loss"] < metrics["first_loss"]
@@ -283,8 +293,8 @@ def test_embedded_stage_from_raw_sources(tmp_path):
     assert all(s["prompt"].endswith("<think>\n\n</think>\n\n") for s in samples)
 
     with pytest.raises(FileNotFoundError, match="dvc repro conversations"):
-        run_target(target_params(TINY_TARGET_PARAMS), target_dir=tmp_path / "t2", conversations_root=tmp_path / "absent",
-                   metrics_path=tmp_path / "m2.json", plot_path=tmp_path / "l2.csv")
+        execute("target", run_target, target_params(TINY_TARGET_PARAMS),
+                target_args(tmp_path / "second", tmp_path / "t2", tmp_path / "absent"))
 
 
 # --------------------------------------------------------------------------------------------- the chat template
@@ -332,7 +342,7 @@ def structure(text: str) -> tuple[list[tuple[str, str]], str]:
 def test_embedded_template_renders_the_structure_of_qwen3(embedded_target, qwen3_tokenizer_dir, index):
     from transformers import AutoTokenizer
 
-    ours = load_tokenizer(load_target(embedded_target))
+    ours = load_tokenizer(load_target(embedded_target / "target.json"))
     qwen = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir), local_files_only=True)
     messages, tools = CHATS[index]
     for kwargs in ({}, {"add_generation_prompt": True}, {"add_generation_prompt": True, "enable_thinking": False}):
@@ -346,7 +356,7 @@ def test_embedded_template_renders_the_structure_of_qwen3(embedded_target, qwen3
 
 
 def test_embedded_template_features(embedded_target):
-    tok = load_tokenizer(load_target(embedded_target))
+    tok = load_tokenizer(load_target(embedded_target / "target.json"))
     user = [{"role": "user", "content": "Hi"}]
     on = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
     off = tok.apply_chat_template(user, add_generation_prompt=True, enable_thinking=False, tokenize=False)

@@ -13,13 +13,16 @@ import pytest
 from conftest import default_params
 
 from draftline.core import dataset as dataset_format
+from draftline.core.errors import MissingInput
 from draftline.core.files import DiskFullError
 from draftline.core.fingerprint import template_sha256, tokenizer_fingerprint
-from draftline.core.records import TargetInfo, dumps
+from draftline.core.jsonl import dumps
+from draftline.core.records import TargetInfo
+from draftline.core.runner import StageRun, execute, main, run_file
 from draftline.core.skips import SkipError
 from draftline.tokenize.loss_mask import Example, MaskBuilder
 from draftline.tokenize.params import TokenizeParams
-from draftline.tokenize.stage import run_tokenize
+from draftline.tokenize.stage import TokenizeArgs, run_tokenize
 
 
 def tokenize_params(**overrides) -> TokenizeParams:
@@ -217,7 +220,7 @@ def test_templates_without_a_clean_seam_or_end_are_skipped(qwen3_tokenizer_dir, 
 
 
 def target_dir(tok_dir: Path, tmp: Path) -> Path:
-    """A data/target folder describing a tokenizer-only target (as the target stage does for a real checkpoint)."""
+    """A target.json describing a tokenizer-only target (as the target stage does for a real checkpoint)."""
     tok = load(tok_dir)
     info = TargetInfo(
         path=str(tok_dir),
@@ -235,7 +238,7 @@ def target_dir(tok_dir: Path, tmp: Path) -> Path:
     )
     (tmp / "target").mkdir()
     (tmp / "target" / "target.json").write_text(json.dumps(info.to_dict()))
-    return tmp / "target"
+    return tmp / "target" / "target.json"
 
 
 def completion(i: int, messages, tools=None, finish="stop") -> dict:
@@ -273,11 +276,16 @@ def write_completions(folder: Path, n: int = 36) -> None:
 FIXTURE_SHARE = 0.05
 
 
-def run(tmp: Path, comp: Path, target: Path, name: str, **params):
+def stage_args(comp: Path, target: Path, out: Path, reports: Path) -> TokenizeArgs:
+    return TokenizeArgs(completions=comp, target=target, out=out, metrics=reports / "m.json",
+                        report=reports / "report.json", plot=reports / "seq_len.csv")
+
+
+def run(tmp: Path, comp: Path, target: Path, name: str, **params) -> tuple[Path, StageRun]:
     params.setdefault("max_skip_share", FIXTURE_SHARE)
     out = tmp / name
-    metrics = run_tokenize(comp, target, out / "tokenized", out / "m.json", out / "seq_len.csv", tokenize_params(**params))
-    return out, metrics
+    args = stage_args(comp, target, out / "tokenized", out)
+    return out, execute("tokenize", run_tokenize, tokenize_params(**params), args)
 
 
 def folder_bytes(path: Path) -> dict[str, bytes]:
@@ -288,29 +296,39 @@ def test_stage_end_to_end_deterministic_and_worker_independent(qwen3_tokenizer_d
     comp = tmp_path / "completions"
     write_completions(comp)
     target = target_dir(qwen3_tokenizer_dir, tmp_path)
-    out1, m1 = run(tmp_path, comp, target, "w1", workers=1, chunk_rows=5, max_len=512)
+    out1, s1 = run(tmp_path, comp, target, "w1", workers=1, chunk_rows=5, max_len=512)
     out1b, _ = run(tmp_path, comp, target, "w1b", workers=1, chunk_rows=5, max_len=512)
-    out2, m2 = run(tmp_path, comp, target, "w2", workers=2, chunk_rows=5, max_len=512)
+    out2, s2 = run(tmp_path, comp, target, "w2", workers=2, chunk_rows=5, max_len=512)
     files = folder_bytes(out1 / "tokenized")
     assert files == folder_bytes(out1b / "tokenized") == folder_bytes(out2 / "tokenized")
-    assert m1.pop("stage_seconds") > 0 and m2.pop("stage_seconds") > 0 and m1 == m2
+    # Metrics, report and plot are the same bytes whatever the run and the workers; times and speeds are apart.
+    for name in ("m.json", "report.json", "seq_len.csv"):
+        assert (out1 / name).read_bytes() == (out1b / name).read_bytes() == (out2 / name).read_bytes()
+    for out in (out1, out2):
+        assert set(json.loads(run_file(out / "report.json").read_text())) == {"stage_seconds", "tokens_per_second"}
+    assert s1.run["stage_seconds"] > 0 and s1.run["tokens_per_second"] > 0
 
-    assert m1["samples"] == 36
-    assert m1["skips"] == {"finish_length": 1, "invalid_json": 1, "no_assistant_reply": 1}
-    assert sum(s["samples"] for s in m1["per_source"].values()) == 36
-    assert m1["loss_tokens"] == sum(s["loss_tokens"] for s in m1["per_source"].values())
+    m1 = json.loads((out1 / "m.json").read_text())
+    d1 = json.loads((out1 / "report.json").read_text())
+    assert m1 == {"rows": 36, "tokens": d1["total_tokens"], "loss_tokens": d1["loss_tokens"], "truncated": 0,
+                  "skipped": 3}
+    assert m1 == {**s1.headline, "skipped": 3} and d1 == {**s1.details, "skips": d1["skips"]}
+    assert d1["samples"] == 36
+    assert d1["skips"] == {"finish_length": 1, "invalid_json": 1, "no_assistant_reply": 1}
+    assert sum(s["samples"] for s in d1["per_source"].values()) == 36
+    assert d1["loss_tokens"] == sum(s["loss_tokens"] for s in d1["per_source"].values())
     with open(out1 / "seq_len.csv") as f:
         assert sum(int(r["rows"]) for r in csv.DictReader(f)) == 36
 
     ds = dataset_format.load(out1 / "tokenized")
     assert ds.cache_files and len(ds) == 36  # memory-mapped from the shard files
     lengths = np.array(ds["num_tokens"])
-    assert m1["len_max"] == lengths.max() and m1["len_median"] == np.median(lengths)
-    assert m1["total_tokens"] == lengths.sum() and m1["loss_tokens"] == sum(ds["num_loss_tokens"])
+    assert d1["len_max"] == lengths.max() and d1["len_median"] == np.median(lengths)
+    assert d1["total_tokens"] == lengths.sum() and d1["loss_tokens"] == sum(ds["num_loss_tokens"])
     assert ds[0]["id"] == "p000" and ds[35]["id"] == "p035"  # input order kept
     meta = dataset_format.read_meta(out1 / "tokenized")
     assert meta.enable_thinking is True and meta.max_len == 512 and meta.num_rows == 36
-    assert meta.num_tokens == m1["total_tokens"] and meta.mask_token_id > meta.end_of_turn_token_id
+    assert meta.num_tokens == m1["tokens"] and meta.mask_token_id > meta.end_of_turn_token_id
 
 
 def test_a_full_disk_fails_naming_the_output_leaves_nothing_then_the_rerun_gives_the_same_bytes(
@@ -324,8 +342,8 @@ def test_a_full_disk_fails_naming_the_output_leaves_nothing_then_the_rerun_gives
     out = disk.path / "tokenized"
 
     def tokenize():
-        return run_tokenize(comp, target, out, tmp_path / "m.json", tmp_path / "seq_len.csv",
-                            tokenize_params(max_len=512, max_skip_share=FIXTURE_SHARE))
+        params = tokenize_params(max_len=512, max_skip_share=FIXTURE_SHARE)
+        return execute("tokenize", run_tokenize, params, stage_args(comp, target, out, tmp_path / "reports"))
 
     with pytest.raises(DiskFullError, match=r"tokenized"):
         tokenize()
@@ -343,8 +361,9 @@ def test_one_reason_over_the_share_stops_the_stage_naming_it_and_writes_nothing(
                                         r"allows: raise tokenize.max_len \(40"):
         run(tmp_path, comp, target, "short", max_len=40)
     assert not (tmp_path / "short" / "tokenized").exists()
-    _, m = run(tmp_path, comp, target, "ok", max_len=40, max_skip_share=1.0)  # the loss accepted: counted, written
-    assert m["skips"]["too_long"] > 2
+    _, stage = run(tmp_path, comp, target, "ok", max_len=40, max_skip_share=1.0)  # the loss accepted: counted, written
+    assert stage.skips.counts["too_long"] > 2
+    assert json.loads((tmp_path / "ok" / "report.json").read_text())["skips"]["too_long"] > 2
 
 
 def test_turns_all_one_row_per_assistant_turn(qwen3_tokenizer_dir, tmp_path):
@@ -359,14 +378,14 @@ def test_turns_all_one_row_per_assistant_turn(qwen3_tokenizer_dir, tmp_path):
     (comp / "part-00000.jsonl").write_text(dumps(completion(0, msgs)) + "\n")
     target = target_dir(qwen3_tokenizer_dir, tmp_path)
     tok = load(qwen3_tokenizer_dir)
-    out, m = run(tmp_path, comp, target, "all", workers=1, turns="all")
+    out, _ = run(tmp_path, comp, target, "all", workers=1, turns="all")
     rows = dataset_format.load(out / "tokenized").to_list()
     assert [r["id"] for r in rows] == ["p000/turn0", "p000/turn1"]
     assert masked_and_rest(tok, rows[0])[0] == "<think>\nAny will do.\n</think>\n\nSeven." + EOT
     masked, rest = masked_and_rest(tok, rows[1])
     assert masked == "<think>\n7 * 2 = 14.\n</think>\n\nFourteen." + EOT
     assert "Any will do." not in rest  # Qwen3 drops the earlier turn's reasoning from the history
-    out, m = run(tmp_path, comp, target, "last", workers=1, turns="last")
+    out, _ = run(tmp_path, comp, target, "last", workers=1, turns="last")
     assert [r["id"] for r in dataset_format.load(out / "tokenized").to_list()] == ["p000"]
 
 
@@ -378,7 +397,7 @@ def test_embedded_target(request):
         pytest.skip("tests/conftest.py has no embedded_target fixture")
     from draftline.core.target import load_target, load_tokenizer
 
-    info = load_target(folder)
+    info = load_target(folder / "target.json")
     tok = load_tokenizer(info)
     reply = {"role": "assistant", "content": "The answer is 5.", "reasoning_content": "Two plus three."}
     res = MaskBuilder(tok, info.end_of_turn_token_id, 4096, "drop")([ex([USER, reply], thinking=True)])
@@ -400,6 +419,25 @@ def test_strict_stops_at_the_first_bad_line_and_writes_nothing(qwen3_tokenizer_d
     with pytest.raises(SkipError, match="part-00001.jsonl:1: invalid_json"):
         run(tmp_path, comp, target, "strict", workers=1, strict=True)
     assert not (tmp_path / "strict" / "tokenized").exists()
+
+
+def test_missing_completions_are_refused_in_one_line_without_a_traceback(qwen3_tokenizer_dir, tmp_path, capsys):
+    target = target_dir(qwen3_tokenizer_dir, tmp_path)
+    empty = tmp_path / "completions"
+    empty.mkdir()
+    args = stage_args(empty, target, tmp_path / "tokenized", tmp_path / "reports")
+    with pytest.raises(MissingInput, match="run the generate stage first"):
+        execute("tokenize", run_tokenize, tokenize_params(), args)
+    argv = [f"--{k}={v}" for k, v in vars(args).items()]
+    with pytest.raises(SystemExit) as exit_:
+        main("tokenize", TokenizeArgs, lambda _args: tokenize_params(), run_tokenize, argv)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if "part-*.jsonl" in line] == [
+        f"tokenize: no part-*.jsonl in {empty}: run the generate stage first (dvc repro generate)"
+    ]
+    assert not (tmp_path / "tokenized").exists() and not (tmp_path / "reports").exists()
 
 
 def test_histogram_bins_cover_zero_to_max_len():

@@ -22,8 +22,12 @@ def workdir(tmp_path_factory):
 
 
 def _run(workdir, **params) -> T.Run:
+    from draftline.core.logs import get_logger
+    from draftline.core.skips import Skips
+
     torch.set_num_threads(1)
-    run = T.prepare(S.train_params(**params), S.paths(workdir), T.Dist())
+    a = S.args(workdir)
+    run = T.prepare(S.train_params(**params), a.merged, a.target, T.Dist(), Skips(get_logger("test")))
     T.build(run)
     T.cache_features(run)
     return run
@@ -50,7 +54,7 @@ def test_rows_outside_the_plan_are_refused():
         cache.batch(np.array([1]), 6)
 
 
-def test_the_budget_decides_and_the_metrics_and_preflight_say_which(tmp_path, workdir):
+def test_the_budget_decides_and_the_report_and_preflight_say_which(tmp_path, workdir, monkeypatch):
     cached, online = _run(workdir), _run(workdir, feature_cache_gb=0)
     assert online.features is None and online.feature_bytes == 0
     rows = cached.plan.tokens * len(cached.drafter.target_layer_ids) * S.HIDDEN * 4
@@ -63,7 +67,8 @@ def test_the_budget_decides_and_the_metrics_and_preflight_say_which(tmp_path, wo
         root = tmp_path / name
         for sub in ("data/target", "data/merged"):
             shutil.copytree(workdir / sub, root / sub)
-        metrics = T.train(S.train_params(max_steps=3, feature_cache_gb=budget), S.paths(root))
-        assert metrics["target_features"] == name
+        monkeypatch.setenv("DRAFTLINE_CACHE", str(S.cache(root)))  # each run its own states: nothing to resume
+        stage = S.train(S.train_params(max_steps=3, feature_cache_gb=budget), S.args(root))
+        assert stage.details["target_features"] == name
         weights[name] = (root / "data" / "checkpoints" / "model.safetensors").read_bytes()
     assert weights["cached"] == weights["online"]

@@ -1,4 +1,5 @@
-"""Training end to end on a tiny target: learning, the memory preflight, resume after a kill, 2-process DDP."""
+"""Training end to end on a tiny target: learning, what the stage reports, the memory preflight, resume after a
+kill, 2-process DDP, refusals without a traceback."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import drafter_support as S
@@ -19,11 +19,33 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from draftline.core.errors import Refusal
+from draftline.core.params import ParamsError
+from draftline.core.runner import run_file
+from draftline.core.schedule import lr_at
 from draftline.train.memory import MemoryPlanError, Shapes, preflight
-from draftline.train.trainer import NonFiniteError, train
+from draftline.train.trainer import NonFiniteError, TrainInputError
 
 DRIVER = Path(__file__).resolve().parents[1] / "drafter_support.py"
 REPO = Path(__file__).resolve().parents[2]
+HEADLINE = {"steps", "rows", "final_loss", "accuracy_pos1", "skipped"}
+RUN_FIELDS = {"tokens_per_s", "train_seconds", "resumed_at_step", "states", "stage_seconds"}
+
+
+@pytest.fixture
+def train(monkeypatch):
+    """``train(cfg, root, **paths)``: the stage run in this process on ``root``'s data (its paths as dvc.yaml lays
+    them out, ``paths`` replacing some), its resumable states in ``root``'s own cache (``$DRAFTLINE_CACHE``)."""
+
+    def run(cfg, root: Path, cache: Path | None = None, **paths):
+        monkeypatch.setenv("DRAFTLINE_CACHE", str(cache or S.cache(root)))
+        return S.train(cfg, S.args(root, **paths))
+
+    return run
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -42,24 +64,41 @@ def _copy_inputs(src: Path, dst: Path) -> Path:
 
 
 def _launch(root: Path, params: dict) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1",
+           "DRAFTLINE_CACHE": str(S.cache(root))}
     return subprocess.Popen(
         [sys.executable, str(DRIVER), str(root), json.dumps(params)],
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
 
-def test_training_lowers_the_loss_and_writes_outputs(workdir):
+def test_training_lowers_the_loss_and_writes_outputs(workdir, train):
     torch.set_num_threads(1)
-    metrics = train(S.train_params(epochs=6, log_every=5), S.paths(workdir))
+    stage = train(S.train_params(epochs=6, log_every=5), workdir)
+    report = stage.details
     # A random 6-layer target makes a hard teacher; the bar is clear learning, not a converged drafter.
-    assert metrics["final_loss"] < 0.85 * metrics["first_loss"]
+    assert report["final_loss"] < 0.85 * report["first_loss"]
     ckpt = workdir / "data" / "checkpoints"
     assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "model.safetensors", "modeling_dflash.py"]
     rows = (workdir / "plots" / "train_loss.csv").read_text().splitlines()
     assert rows[0] == "step,epoch,loss,accuracy_pos1,lr,grad_norm" and len(rows) > 5
-    saved = json.loads((workdir / "metrics" / "train.json").read_text())
-    assert saved["steps"] == metrics["steps"] and saved["preflight"]["measured"] is False
+    # The one schedule (core.schedule.lr_at): the lr of a line is that of its window's last step.
+    steps, warmup = report["steps"], math.ceil(0.1 * report["steps"])
+    for line in rows[1:]:
+        step, lr = int(line.split(",")[0]), float(line.split(",")[4])
+        assert lr == float(f"{lr_at(step - 1, 3e-3, steps, warmup, 0.0):.6g}")
+    # The headline: a few flat keys (DVC metrics); every detail in the report; times and speeds in the run file.
+    saved = _json(workdir / "metrics" / "train.json")
+    assert set(saved) == HEADLINE and saved == {**stage.headline, "skipped": 0}
+    assert saved["steps"] == report["steps"] and saved["rows"] == 96
+    assert all(not isinstance(v, (dict, list)) for v in saved.values())
+    on_disk = _json(workdir / "reports" / "train.json")
+    assert on_disk == {**report, "skips": {}} and on_disk["preflight"]["measured"] is False
+    assert {"loss_tokens_kept", "loss_tokens_cut", "train_tokens", "drafter_params", "target_layer_ids",
+            "target_features"} <= set(on_disk)
+    assert not {"tokens_per_s", "train_seconds", "stage_seconds"} & set(on_disk)
+    run = _json(run_file(workdir / "reports" / "train.json"))
+    assert set(run) == RUN_FIELDS and run["resumed_at_step"] == 0 and run["train_seconds"] > 0
     # Lineage: what the training set was made with travels in the checkpoint's config.
     config = json.loads((ckpt / "config.json").read_text())
     # Saved in the target's dtype, which the tiny target's config.json names (fp32 here: a bf16 target gives bf16).
@@ -70,12 +109,43 @@ def test_training_lowers_the_loss_and_writes_outputs(workdir):
                                    "enable_thinking": False, "mask_token_id": S.MASK_ID}
 
 
-def test_a_training_set_of_another_tokenizer_is_refused(tmp_path, workdir):
+def test_a_training_set_of_another_tokenizer_is_refused(tmp_path, workdir, train):
     root = _copy_inputs(workdir, tmp_path)
     target = root / "data" / "target" / "target.json"
     target.write_text(json.dumps({**json.loads(target.read_text()), "tokenizer_fingerprint": "other"}))
-    with pytest.raises(ValueError, match="another tokenizer"):
-        train(S.train_params(), S.paths(root))
+    with pytest.raises(TrainInputError, match="another tokenizer") as e:
+        train(S.train_params(), root)
+    assert isinstance(e.value, Refusal)
+
+
+def test_the_stage_script_refuses_in_one_line_without_a_traceback(tmp_path, workdir):
+    """``python stages/train.py`` with dvc.yaml's flags: a refusal is one message and exit code 1."""
+    import yaml
+
+    root = _copy_inputs(workdir, tmp_path)
+    target = root / "data" / "target" / "target.json"
+    target.write_text(json.dumps({**json.loads(target.read_text()), "tokenizer_fingerprint": "other"}))
+    (root / "params.yaml").write_text(yaml.safe_dump({"train": S.small_params()}))
+    a = S.args(root)
+    flags = [x for f in ("merged", "target", "out", "metrics", "report", "plot")
+             for x in (f"--{f}", str(getattr(a, f)))]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "DRAFTLINE_CACHE": str(S.cache(root))}
+    env.pop("DRAFTLINE_PARAMS", None)
+    done = subprocess.run([sys.executable, str(REPO / "stages" / "train.py"), *flags], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = [x for x in done.stderr.splitlines() if "another tokenizer" in x]
+    assert len(lines) == 1 and lines[0].startswith("train: ") and "re-run tokenize and merge" in lines[0]
+    assert not a.metrics.exists() and not a.report.exists()
+
+
+def test_adam_betas_are_a_param():
+    assert S.train_params().adam_betas == [0.9, 0.95]
+    with pytest.raises(ParamsError, match="adam_betas"):
+        S.train_params(adam_betas=[0.9])
+    with pytest.raises(ParamsError, match="adam_betas"):
+        S.train_params(adam_betas=[0.9, 1.0])
 
 
 def _shapes() -> Shapes:
@@ -110,11 +180,13 @@ def test_preflight_refuses_and_names_a_budget_that_fits():
         run(400, ok.peak_bytes * 0.5 / 1024**3)  # not even one longest row fits
 
 
-def test_train_refuses_before_step_one(tmp_path, workdir):
+def test_train_refuses_before_step_one(tmp_path, workdir, train):
     root = _copy_inputs(workdir, tmp_path)
-    with pytest.raises(MemoryPlanError, match="memory_limit_gb"):
-        train(S.train_params(memory_limit_gb=0.001), S.paths(root))
+    with pytest.raises(MemoryPlanError, match="memory_limit_gb") as e:
+        train(S.train_params(memory_limit_gb=0.001), root)
+    assert isinstance(e.value, Refusal)
     assert not (root / "data" / "checkpoints").exists() and not (root / ".draftline").exists()
+    assert not (root / "metrics").exists() and not (root / "reports").exists()
 
 
 def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path, workdir):
@@ -122,7 +194,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path, workdir):
     full = _copy_inputs(workdir, tmp_path / "full")
     killed = _copy_inputs(workdir, tmp_path / "killed")
     p = _launch(killed, params)
-    states = killed / ".draftline" / "cache" / "train"
+    states = S.cache(killed) / "train"
     deadline = time.time() + 120
     while not list(states.glob("*/state-*.pt")) and time.time() < deadline:
         assert p.poll() is None, p.stdout.read()
@@ -137,6 +209,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path, workdir):
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out
     assert f"resuming from step {max(saved)}" in out
+    assert _json(run_file(killed / "reports" / "train.json"))["resumed_at_step"] == max(saved)
     straight = _launch(full, params)
     out_full, _ = straight.communicate(timeout=300)
     assert straight.returncode == 0, out_full
@@ -145,19 +218,24 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path, workdir):
     b = load_file(str(full / "data" / "checkpoints" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (killed / "plots" / "train_loss.csv").read_text() == (full / "plots" / "train_loss.csv").read_text()
+    # The metrics and the report are the same bytes; the run file (resume step, speed) is where they differ.
+    for f in ("metrics/train.json", "reports/train.json"):
+        assert (killed / f).read_bytes() == (full / f).read_bytes(), f
 
 
-def test_two_process_gloo_ddp(tmp_path, workdir):
+def test_two_process_gloo_ddp(tmp_path, workdir, train):
     root = _copy_inputs(workdir, tmp_path)
     p = _launch(root, S.small_params(gpus=2, epochs=1, log_every=2))
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out
     assert "relaunching under torchrun" in out
-    metrics = json.loads((root / "metrics" / "train.json").read_text())
-    single = train(S.train_params(epochs=1), S.paths(_copy_inputs(workdir, tmp_path / "one")))
+    metrics, report = _json(root / "metrics" / "train.json"), _json(root / "reports" / "train.json")
+    single = train(S.train_params(epochs=1), _copy_inputs(workdir, tmp_path / "one"))
     # Two ranks share each epoch's batches (cut to an even count): half the optimizer steps, the same tokens.
-    assert metrics["steps"] == single["steps"] // 2
-    assert metrics["train_tokens"] >= 0.9 * single["train_tokens"]
+    assert set(metrics) == HEADLINE and metrics["steps"] == single.headline["steps"] // 2
+    assert report["train_tokens"] >= 0.9 * single.details["train_tokens"]
+    # The launching process wrote rank 0's figures back, with its own stage_seconds.
+    assert set(_json(run_file(root / "reports" / "train.json"))) == RUN_FIELDS
     assert (root / "data" / "checkpoints" / "model.safetensors").exists()
 
 
@@ -177,23 +255,24 @@ def _nan_world(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_nonfinite_loss_stops_training_naming_the_step_and_rows_after_saving_the_last_good_state(tmp_path):
+def test_a_nonfinite_loss_stops_training_naming_the_step_and_rows_after_saving_the_last_good_state(tmp_path, train):
     root = _nan_world(tmp_path)
-    with pytest.raises(NonFiniteError, match=r"step (\d+): loss nan .*'r5'") as e:
-        train(S.train_params(epochs=1, save_every=1000), S.paths(root))
+    with pytest.raises(NonFiniteError, match=r"step (\d+): loss nan .*'r5'.*train.skip_nonfinite") as e:
+        train(S.train_params(epochs=1, save_every=1000), root)
+    assert isinstance(e.value, Refusal)
     step = int(re.search(r"step (\d+):", str(e.value)).group(1))
-    states = list((root / ".draftline" / "cache" / "train").glob("*/state-*.pt"))
+    states = list((S.cache(root) / "train").glob("*/state-*.pt"))
     assert [int(p.stem.split("-")[1]) for p in states] == [step - 1]  # the weights before the bad step
     state = torch.load(states[0], weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     assert not (root / "data" / "checkpoints").exists()
 
 
-def test_skip_nonfinite_skips_and_counts_such_batches(tmp_path):
+def test_skip_nonfinite_skips_and_counts_such_batches(tmp_path, train):
     root = _nan_world(tmp_path)
-    metrics = train(S.train_params(epochs=1, skip_nonfinite=2), S.paths(root))
-    assert metrics["nonfinite_batches_skipped"] == 1  # r5 is in one batch an epoch
-    assert math.isfinite(metrics["final_loss"])
+    stage = train(S.train_params(epochs=1, skip_nonfinite=2), root)
+    assert stage.details["nonfinite_batches_skipped"] == 1  # r5 is in one batch an epoch
+    assert math.isfinite(stage.headline["final_loss"])
     from safetensors.torch import load_file
 
     weights = load_file(str(root / "data" / "checkpoints" / "model.safetensors"))
@@ -234,46 +313,47 @@ def test_a_state_that_would_run_code_is_never_unpickled(tmp_path):
 
 
 def test_a_full_disk_fails_naming_the_state_leaves_nothing_then_the_rerun_gives_the_same_bytes(tmp_path, workdir,
-                                                                                              small_disk):
+                                                                                              small_disk, train):
     """Training states and the checkpoint on a disk too small for a state: the error names the state file, no
     temporary is left, and once space is freed the rerun trains to the uninterrupted run's checkpoint bytes."""
     from draftline.core.files import DiskFullError
 
     cfg = S.train_params(max_steps=12, save_every=5)
     ref = _copy_inputs(workdir, tmp_path / "ref")
-    train(cfg, S.paths(ref))
+    train(cfg, ref)
     root = _copy_inputs(workdir, tmp_path / "run")
     disk = small_disk(8192)
-    paths = replace(S.paths(root), cache_root=disk.path / "cache", checkpoint=disk.path / "checkpoints")
+    out = disk.path / "checkpoints"
     with pytest.raises(DiskFullError, match=r"a training state \(.*state-00000005\.pt\)"):
-        train(cfg, paths)
-    assert disk.leftovers() == [] and not paths.checkpoint.exists()
+        train(cfg, root, cache=disk.path / "cache", out=out)
+    assert disk.leftovers() == [] and not out.exists()
     disk.grow(64 << 20)
-    train(cfg, paths)
+    train(cfg, root, cache=disk.path / "cache", out=out)
     for name in ("model.safetensors", "config.json"):
-        assert (paths.checkpoint / name).read_bytes() == (ref / "data/checkpoints" / name).read_bytes()
+        assert (out / name).read_bytes() == (ref / "data/checkpoints" / name).read_bytes()
 
 
-def test_same_bytes_under_thread_pressure(tmp_path, workdir):
+def test_same_bytes_under_thread_pressure(tmp_path, workdir, train):
     """Two runs, the second beside processes that keep both cores busy: the checkpoint is byte-identical (issue 12:
     float stages must be reproducible on one machine however loaded it is). Two threads, the case that can differ."""
     cfg = S.train_params(max_steps=12, save_every=100, threads=2)
     quiet = _copy_inputs(workdir, tmp_path / "quiet")
-    train(cfg, S.paths(quiet))
+    train(cfg, quiet)
     busy = _copy_inputs(workdir, tmp_path / "busy")
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        train(cfg, S.paths(busy))
+        train(cfg, busy)
     finally:
         for p in spinners:
             p.kill()
             p.wait()
     for name in ("model.safetensors", "config.json"):
         assert (busy / "data/checkpoints" / name).read_bytes() == (quiet / "data/checkpoints" / name).read_bytes()
-    assert (busy / "plots/train_loss.csv").read_text() == (quiet / "plots/train_loss.csv").read_text()
+    for name in ("plots/train_loss.csv", "metrics/train.json", "reports/train.json"):
+        assert (busy / name).read_bytes() == (quiet / name).read_bytes(), name
 
 
-def test_rows_unable_to_train_over_the_share_stop_the_stage_naming_the_param(tmp_path):
+def test_rows_unable_to_train_over_the_share_stop_the_stage_naming_the_param(tmp_path, train):
     from draftline.core.skips import SkipError
 
     S.make_target(tmp_path)
@@ -283,6 +363,8 @@ def test_rows_unable_to_train_over_the_share_stop_the_stage_naming_the_param(tmp
     S.make_merged(tmp_path, rows)
     with pytest.raises(SkipError, match=r"4 of 40 rows .* 'no two consecutive supervised tokens', more than "
                                         r"train.max_skip_share \(0.01\)"):
-        train(S.train_params(), S.paths(tmp_path))
-    metrics = train(S.train_params(max_steps=2, max_skip_share=0.2), S.paths(tmp_path))
-    assert metrics["rows_skipped"] == {"no two consecutive supervised tokens": 4} and metrics["rows"] == 36
+        train(S.train_params(), tmp_path)
+    stage = train(S.train_params(max_steps=2, max_skip_share=0.2), tmp_path)
+    assert stage.skips.as_dict() == {"no two consecutive supervised tokens": 4} and stage.headline["rows"] == 36
+    assert _json(tmp_path / "metrics" / "train.json")["skipped"] == 4
+    assert _json(tmp_path / "reports" / "train.json")["skips"] == {"no two consecutive supervised tokens": 4}

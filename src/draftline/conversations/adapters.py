@@ -27,6 +27,7 @@ from draftline.conversations.tools import (
     to_tool_call,
     unwrap_tool_responses,
 )
+from draftline.core.params import ParamsError
 from draftline.core.raw import read_raw
 from draftline.core.records import Conversation, Message, Tool
 from draftline.core.skips import RowError, Skips
@@ -167,7 +168,7 @@ class Adapted:
 def sharegpt(
     row: Mapping[str, Any],
     *,
-    multimodal: str = "drop",
+    multimodal: str,
     messages_field: str | list[str] = ("conversations", "messages"),
     tools_field: str | None = None,
     tool_markup: str | None = None,
@@ -236,7 +237,7 @@ def sharegpt(
 def fields(
     row: Mapping[str, Any],
     *,
-    multimodal: str = "drop",
+    multimodal: str,
     prompt_field: str,
     system_field: str | None = None,
     answer_field: str | None = None,
@@ -270,7 +271,7 @@ def _at(row: Mapping[str, Any], path: str) -> Any:
 def openai(
     row: Mapping[str, Any],
     *,
-    multimodal: str = "drop",
+    multimodal: str,
     messages_path: str | list[str] = "messages",
     tools_path: str | None = "tools",
     raw_field: str | None = None,
@@ -347,16 +348,16 @@ ADAPTER_OPTIONS = {
 def make_adapter(name: str, options: Mapping[str, Any] | None, multimodal: str) -> Callable[[Mapping[str, Any]], Adapted]:
     """The adapter ``name`` (a preset or a generic one) with ``options`` over its defaults; bad config fails here."""
     if multimodal not in ("drop", "skip"):
-        raise ValueError(f"conversations.multimodal must be 'drop' or 'skip', not {multimodal!r}")
+        raise ParamsError(f"conversations.multimodal must be 'drop' or 'skip', not {multimodal!r}")
     generic, defaults = PRESETS.get(name, (name, {}))
     if generic not in GENERIC:
-        raise ValueError(f"unknown adapter {name!r}; use one of {sorted(PRESETS) + sorted(GENERIC)}")
+        raise ParamsError(f"unknown adapter {name!r}; use one of {sorted(PRESETS) + sorted(GENERIC)}")
     opts = {**defaults, **(options or {})}
     unknown = set(opts) - ADAPTER_OPTIONS[generic]
     if unknown:
-        raise ValueError(f"adapter {name!r} ({generic}) has no option(s) {sorted(unknown)}; it takes {sorted(ADAPTER_OPTIONS[generic])}")
+        raise ParamsError(f"adapter {name!r} ({generic}) has no option(s) {sorted(unknown)}; it takes {sorted(ADAPTER_OPTIONS[generic])}")
     if generic == "fields" and "prompt_field" not in opts:
-        raise ValueError(f"adapter {name!r} needs sources.<name>.options.prompt_field")
+        raise ParamsError(f"adapter {name!r} needs sources.<name>.options.prompt_field")
     fn = GENERIC[generic]
     return lambda row: fn(row, multimodal=multimodal, **opts)
 

@@ -18,7 +18,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from draftline.core.records import Tool, dumps
+from draftline.core.jsonl import dumps
+from draftline.core.records import Tool
 
 
 class ToolError(ValueError):

@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from draftline.core.errors import MissingInput, Refusal
 from draftline.core.files import atomic_path, write_json
 from draftline.core.fingerprint import file_xxh3_128, folder_fingerprint
 from draftline.core.logs import get_logger
@@ -134,7 +135,7 @@ class ShardInfo:
         )
 
 
-class CorruptShardError(ValueError):
+class CorruptShardError(Refusal, ValueError):
     """A shard whose size or bytes differ from what ``draftline.json`` records: never read, always refused."""
 
 
@@ -170,7 +171,7 @@ class DatasetMeta:
         a, b = self.compat_key(), other.compat_key()
         diff = {k: (a[k], b[k]) for k in COMPAT_FIELDS if a[k] != b[k]}
         if diff:
-            raise ValueError(
+            raise Refusal(
                 f"{what} were made differently and cannot be combined: "
                 + ", ".join(f"{k} {x!r} != {y!r}" for k, (x, y) in diff.items())
                 + "; re-tokenize them with the same target and generation settings"
@@ -417,10 +418,10 @@ def read_meta(folder: str | os.PathLike) -> DatasetMeta:
     """Read ``draftline.json``; a folder of another schema version is an error, never misread."""
     path = Path(folder) / META_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {folder} is not a draftline dataset (run the tokenize stage)")
+        raise MissingInput(f"{path} is missing: {folder} is not a draftline dataset (run the tokenize stage)")
     meta = DatasetMeta.from_dict(json.loads(path.read_text(encoding="utf-8")))
     if meta.schema_version != SCHEMA_VERSION:
-        raise ValueError(
+        raise Refusal(
             f"{path} has schema_version {meta.schema_version}, this draftline reads {SCHEMA_VERSION}; re-run tokenize"
         )
     return meta
@@ -553,5 +554,5 @@ def load_training_set(path: str | os.PathLike) -> tuple[datasets.Dataset, np.nda
     ds = datasets.load_from_disk(str(path), keep_in_memory=False)
     order = np.load(Path(path) / ORDER_FILE, allow_pickle=False)
     if order.dtype != np.int64 or order.shape != (len(ds),) or not np.array_equal(np.sort(order), np.arange(len(ds))):
-        raise ValueError(f"{Path(path) / ORDER_FILE} is not a permutation of the {len(ds)} rows: re-run the merge stage")
+        raise Refusal(f"{Path(path) / ORDER_FILE} is not a permutation of the {len(ds)} rows: re-run the merge stage")
     return ds, order, meta

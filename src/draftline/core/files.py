@@ -1,4 +1,4 @@
-"""Writing outputs so that nothing half-written is ever taken for finished, and reading JSON lines tolerantly.
+"""Writing outputs so that nothing half-written is ever taken for finished.
 
 Invariants: an output exists under its final name only once it is complete (:func:`atomic_path`); a write that
 fails leaves the previous version in place and no temporary behind; a full disk raises :class:`DiskFullError`
@@ -17,10 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from draftline.core.records import dumps
+from draftline.core.errors import Refusal
+from draftline.core.jsonl import dumps
 
 
-class DiskFullError(OSError):
+class DiskFullError(OSError, Refusal):
     """No space (or quota) left while writing an output: says what and where, and that nothing half-written stays.
 
     ``target`` is the output's final name; ``file`` the file inside it being written, when it is a folder."""
@@ -116,21 +117,6 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[Any]) -> int:
             f.write("\n")
             n += 1
     return n
-
-
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any, str | None]]:
-    """Yield ``(line_number, value, error)`` for each non-blank line; ``value`` is None when ``error`` is set.
-
-    Line numbers start at 1, as an editor shows them, so a reported bad line can be found by hand.
-    """
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line), None
-            except json.JSONDecodeError as e:
-                yield lineno, None, f"invalid JSON ({e.msg}, column {e.colno})"
 
 
 def write_csv(path: str | os.PathLike, rows: list[dict[str, Any]], columns: list[str] | None = None) -> None:

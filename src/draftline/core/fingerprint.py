@@ -14,6 +14,8 @@ from typing import Any
 
 import xxhash
 
+from draftline.core.errors import MissingInput, Refusal
+
 # Every file transformers may read to build a tokenizer or its chat template (the rest of a folder is weights).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -47,7 +49,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 def template_sha256(template: str | dict[str, str] | None) -> str:
     """sha256 of a chat template; named templates (a dict) are hashed as canonical JSON."""
     if template is None:
-        raise ValueError("the tokenizer has no chat template; add chat_template.jinja to the target folder")
+        raise Refusal("the tokenizer has no chat template; add chat_template.jinja to the target folder")
     text = template if isinstance(template, str) else json.dumps(template, sort_keys=True, ensure_ascii=False)
     return sha256_bytes(text.encode("utf-8"))
 
@@ -78,7 +80,7 @@ def tokenizer_fingerprint(folder: str | os.PathLike, chat_template: str | dict[s
     folder = Path(folder)
     entries = [(p.relative_to(folder).as_posix(), sha256_file(p)) for p in tokenizer_files(folder)]
     if not entries:
-        raise FileNotFoundError(f"{folder} holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})")
+        raise MissingInput(f"{folder} holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})")
     entries.append(("<chat_template>", template_sha256(chat_template)))
     return _digest(entries)
 

@@ -23,12 +23,14 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from draftline.core.errors import Refusal
+
 PARAMS_FILE = Path(os.environ.get("DRAFTLINE_PARAMS", "params.yaml"))
 
 P = TypeVar("P", bound="Params")
 
 
-class ParamsError(ValueError):
+class ParamsError(Refusal, ValueError):
     """A params.yaml value that cannot be used; the message names the key and what to write instead."""
 
 

@@ -17,30 +17,25 @@ Tools are OpenAI function specs: ``{"type": "function", "function": {"name", "de
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from draftline.core.jsonl import dumps, iter_jsonl
 from draftline.core.skips import Skips
 
 # A source's folder of conversations (data/conversations/<name>/): the records, and the counts of reading them.
 CONVERSATIONS_FILE = "conversations.jsonl"
 CONVERSATIONS_STATS_FILE = "stats.json"
+# The prompt stage's folder: the prompts generation sends, and the held-out prompts evaluation decodes.
+TRAIN_FILE = "train.jsonl"
+EVAL_FILE = "eval.jsonl"
 
 Message = dict[str, Any]
 Tool = dict[str, Any]
 
 ROLES = ("system", "user", "assistant", "tool")
-
-
-def dumps(obj: Any) -> str:
-    """The one JSON encoding used for every line draftline writes: compact, UTF-8, key order as built.
-
-    Keeping a single encoder is what makes outputs byte-identical across runs and machines.
-    """
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 @dataclass
@@ -149,8 +144,6 @@ def _valid_messages(value: Any) -> bool:
 
 def read_conversations(path: str | os.PathLike, skips: Skips) -> Iterator[Conversation]:
     """The conversations of one ``conversations.jsonl``, in file order."""
-    from draftline.core.files import iter_jsonl
-
     for lineno, value, error in iter_jsonl(path):
         where = f"{path}:{lineno}"
         if error:
@@ -163,8 +156,6 @@ def read_conversations(path: str | os.PathLike, skips: Skips) -> Iterator[Conver
 
 def read_prompts(path: str | os.PathLike, skips: Skips) -> list[PromptRecord]:
     """The prompt records of ``path`` in file order; a line repeating an earlier id is skipped (``duplicate id``)."""
-    from draftline.core.files import iter_jsonl
-
     records, seen = [], set()
     for lineno, value, error in iter_jsonl(path):
         where = f"{path}:{lineno}"

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+from draftline.core.errors import Refusal
 
-class SkipError(ValueError):
+
+class SkipError(Refusal, ValueError):
     """Raised in strict mode: the first bad row stops the stage, naming where it is and why."""
 
 

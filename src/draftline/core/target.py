@@ -1,4 +1,4 @@
-"""Loading the target for the stages after ``target``: they read ``data/target/target.json`` and nothing else.
+"""Loading the target for the stages after ``target``: they read its ``target.json`` and nothing else.
 
 Invariants: ``target.json``'s relative ``path`` is resolved against its own folder, so a checkout works anywhere;
 every tokenizer load re-checks the fingerprint ``target.json`` recorded, so data is never made with a tokenizer
@@ -12,21 +12,21 @@ import os
 from pathlib import Path
 from typing import Any
 
+from draftline.core.errors import MissingInput, Refusal
 from draftline.core.fingerprint import tokenizer_fingerprint
 from draftline.core.records import TargetInfo
 
 TARGET_JSON = "target.json"
 
 
-def load_target(target_dir: str | os.PathLike = "data/target") -> TargetInfo:
-    """Read ``target.json``; its relative ``path`` is resolved against ``target_dir``, so the result works anywhere."""
-    target_dir = Path(target_dir)
-    file = target_dir / TARGET_JSON
+def load_target(target_json: str | os.PathLike) -> TargetInfo:
+    """Read a ``target.json``; its relative ``path`` is resolved against the file's folder, so it works anywhere."""
+    file = Path(target_json)
     if not file.is_file():
-        raise FileNotFoundError(f"{file} does not exist: run the target stage first (dvc repro target)")
+        raise MissingInput(f"{file} does not exist: run the target stage first (dvc repro target)")
     info = TargetInfo.from_dict(json.loads(file.read_text(encoding="utf-8")))
     if not os.path.isabs(info.path):
-        info.path = os.path.normpath(target_dir.absolute() / info.path)
+        info.path = os.path.normpath(file.parent.absolute() / info.path)
     return info
 
 
@@ -40,7 +40,7 @@ def load_tokenizer(info: TargetInfo, check: bool = True):
 
     tok = AutoTokenizer.from_pretrained(info.path, local_files_only=True)
     if check and tokenizer_fingerprint(info.path, tok.chat_template) != info.tokenizer_fingerprint:
-        raise ValueError(
+        raise Refusal(
             f"the tokenizer in {info.path} changed since the target stage described it; "
             "rerun it (dvc repro -f target) and the stages after it"
         )
@@ -52,7 +52,7 @@ def load_model(info: TargetInfo, dtype: Any = "auto", device: Any = None):
     from transformers import AutoModelForCausalLM
 
     if info.model_fingerprint is None:
-        raise ValueError(
+        raise Refusal(
             f"{info.path} holds no model weights (only a tokenizer): point target.path at the full checkpoint"
         )
     model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype, local_files_only=True)

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import Qwen3Config
 
+from draftline.core.errors import Refusal
 from draftline.core.files import atomic_path
 from draftline.drafter.modeling_dflash import DFlashModules
 
@@ -64,6 +65,11 @@ _GENERIC_CONFIG_KEYS = {
 }
 
 
+class DrafterMismatch(Refusal, ValueError):
+    """A drafter that does not fit its target (layers, hidden size) or was not made by the train stage (no lineage,
+    another architecture): the message says what to retrain or change."""
+
+
 def build_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
     """``count`` target layers spread evenly from layer 1 to layer L-3, as z-lab picks them.
 
@@ -71,7 +77,7 @@ def build_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
     ones carry what the following tokens depend on. One layer: the middle one.
     """
     if count < 1:
-        raise ValueError(f"need at least one target layer, got {count}")
+        raise DrafterMismatch(f"need at least one target layer, got {count}")
     if count == 1:
         return [num_target_layers // 2]
     start, end = 1, max(1, num_target_layers - 3)
@@ -94,11 +100,11 @@ def make_config(
     n_target = int(text.num_hidden_layers)
     bad = [i for i in target_layer_ids if not 0 <= i < n_target]
     if bad:
-        raise ValueError(f"target_layer_ids {bad} are outside the target's {n_target} layers")
+        raise DrafterMismatch(f"target_layer_ids {bad} are outside the target's {n_target} layers")
     if n_target - 1 in target_layer_ids:
         # transformers reports the last layer's output after the final norm (hidden_states[L] is normed), and
         # servers capture raw layer outputs: the drafter would be served other features than it trained on.
-        raise ValueError(
+        raise DrafterMismatch(
             f"target_layer_ids may not include the last layer ({n_target - 1}): use layers up to {n_target - 2}"
         )
     shared = {k: getattr(text, k) for k in _SHARED_FIELDS if getattr(text, k, None) is not None}
@@ -121,7 +127,7 @@ def lineage_of(config: Any) -> dict[str, Any]:
     mask token); a checkpoint without one is refused, since nothing then says which target it fits."""
     lineage = getattr(config, "draftline", None)
     if not isinstance(lineage, dict) or "tokenizer_fingerprint" not in lineage:
-        raise ValueError("the drafter's config.json has no `draftline` lineage (tokenizer fingerprint, thinking "
+        raise DrafterMismatch("the drafter's config.json has no `draftline` lineage (tokenizer fingerprint, thinking "
                          "mode): it was not trained by draftline's train stage; retrain it")
     return lineage
 
@@ -218,7 +224,7 @@ class DFlashDrafter(DFlashModules):
         """Borrow the target's frozen embedding and lm_head (required before :meth:`embed` / :meth:`logits`)."""
         shared = SharedTarget.of(target)
         if shared.embed.weight.shape[-1] != self.config.hidden_size:
-            raise ValueError(
+            raise DrafterMismatch(
                 f"the target's hidden size {shared.embed.weight.shape[-1]} is not the drafter's "
                 f"{self.config.hidden_size}: this drafter was trained for another target"
             )
@@ -305,7 +311,7 @@ class DFlashDrafter(DFlashModules):
         path = Path(path)
         raw = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
         if ARCHITECTURE not in raw.get("architectures", []):
-            raise ValueError(f"{path / CONFIG_FILE} is not a {ARCHITECTURE} config: {raw.get('architectures')}")
+            raise DrafterMismatch(f"{path / CONFIG_FILE} is not a {ARCHITECTURE} config: {raw.get('architectures')}")
         for key in ("dtype", "torch_dtype", "auto_map"):
             raw.pop(key, None)
         model = cls(Qwen3Config(**raw))

@@ -1,5 +1,5 @@
-"""What an evaluation found: ``metrics/eval.json`` (tau pooled and per source, losslessness, forwards saved) and
-the acceptance rate by draft position (``plots/acceptance.csv``)."""
+"""What an evaluation found: the headline (tau, the lowest source's tau, losslessness), the report (tau per source,
+forwards saved, stop reasons...) and the acceptance rate by draft position (the stage's plot)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from draftline.core.skips import Skips
 from draftline.evaluate.speculative import Generation
 
 ACCEPTANCE_COLUMNS = ["position", "steps", "accepted", "accept_rate", "conditional_rate"]
@@ -31,9 +30,10 @@ def _tau(results: list[PromptResult]) -> float | None:
     return round(sum(sum(r.speculative.produced) for r in results) / steps, 4) if steps else None
 
 
-def summarize(results: list[PromptResult], block_size: int, skips: Skips, max_new_tokens: int,
+def summarize(results: list[PromptResult], block_size: int, max_new_tokens: int,
               enable_thinking: bool | None) -> dict[str, Any]:
-    """``metrics/eval.json``: tau pooled over all verification steps, per source, losslessness and forwards saved."""
+    """The report: tau pooled over all verification steps and per source, losslessness, forwards saved, accounting
+    (the skipped prompts are the stage's skips, which the runner adds)."""
     by_source: dict[str, list[PromptResult]] = defaultdict(list)
     for r in results:
         by_source[r.source].append(r)
@@ -59,8 +59,14 @@ def summarize(results: list[PromptResult], block_size: int, skips: Skips, max_ne
         "block_size": block_size,
         "max_new_tokens": max_new_tokens,
         "enable_thinking": enable_thinking,
-        "skipped": skips.as_dict(),
     }
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures compared between experiments: ``tau``, ``tau_min`` (the lowest source's tau: the drafter's
+    weakest kind of prompt) and ``lossless``."""
+    per_source = [t for t in report["tau_per_source"].values() if t is not None]
+    return {"tau": report["tau"], "tau_min": min(per_source) if per_source else None, "lossless": report["lossless"]}
 
 
 def acceptance_by_position(results: list[PromptResult], block_size: int) -> list[dict[str, Any]]:

@@ -13,40 +13,49 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftline.core.chat import render
-from draftline.core.files import write_csv, write_json
+from draftline.core.errors import MissingInput, Refusal
+from draftline.core.files import write_csv
 from draftline.core.logs import get_logger
-from draftline.core.params import Params
 from draftline.core.records import PromptRecord, TargetInfo, read_prompts
+from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target, load_tokenizer
 from draftline.core.threads import torch_threads
-from draftline.drafter.model import DFlashDrafter, lineage_of
-from draftline.evaluate.report import ACCEPTANCE_COLUMNS, PromptResult, acceptance_by_position, summarize
+from draftline.drafter.model import DFlashDrafter, DrafterMismatch, lineage_of
+from draftline.evaluate.params import EvalParams
+from draftline.evaluate.report import (
+    ACCEPTANCE_COLUMNS,
+    PromptResult,
+    acceptance_by_position,
+    headline,
+    summarize,
+)
 from draftline.evaluate.speculative import DFlashProposer, Proposer, greedy_generate, speculative_generate
 
 log = get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class EvalParams(Params):
-    """``params.yaml: evaluate`` (see docs/evaluate.md). The thinking mode is not a param: it is the training
-    data's, read from the drafter's lineage."""
+@dataclass(frozen=True, kw_only=True)
+class EvalArgs(StageArgs):
+    """``stages/evaluate.py``'s paths (dvc.yaml passes them)."""
 
-    max_new_tokens: int
-    max_prompts_per_source: int
-    max_prompt_tokens: int
-    device: str
-    dtype: Literal["float32", "bfloat16", "float16", "auto"]
-    require_lossless: bool
-    strict: bool
-    threads: int
+    checkpoint: Path  # the drafter's folder (the train stage's output)
+    target: Path  # the target's target.json
+    prompts: Path  # the eval prompts (eval.jsonl of the prompts stage)
+    metrics: Path
+    plot: Path  # acceptance by draft position
+
+
+class NotLossless(Refusal, RuntimeError):
+    """Speculative decoding changed an output and ``evaluate.require_lossless`` is set: the message names the
+    prompts and how to tell a bug from bf16 numerics."""
 
 
 def load_eval_prompts(path: str | os.PathLike, max_per_source: int, skips: Skips) -> list[PromptRecord]:
@@ -84,8 +93,9 @@ def evaluate_prompts(
     params: EvalParams,
     enable_thinking: bool | None,
     skips: Skips,
-) -> list[PromptResult]:
-    """Decode every record with the target alone and with the proposer; prompts that cannot be rendered are skipped."""
+) -> tuple[list[PromptResult], dict[str, float]]:
+    """Decode every record with the target alone and with the proposer; prompts that cannot be rendered are skipped.
+    Returns the results and the wall seconds spent decoding each way (``baseline``, ``speculative``)."""
     results = []
     spent = {"baseline": 0.0, "speculative": 0.0}
     bar = tqdm(records, desc="evaluate", unit="prompt")
@@ -110,14 +120,14 @@ def evaluate_prompts(
             log.error("prompt %s: speculative output differs from target-only greedy at token %s", rec.id, at)
         steps = sum(r.speculative.steps for r in results)
         bar.set_postfix(tau=f"{sum(sum(r.speculative.produced) for r in results) / max(steps, 1):.2f}")
-    # Wall time depends on the machine, so it is logged, never written to the metrics.
+    # Wall time depends on the machine (and its load): the run file has it, never the metrics or the report.
     if spent["speculative"]:
         log.info("CPU wall clock: target-only %.1f s, speculative %.1f s: a %.2fx speed-up. What that means here: this "
                  "target is tiny, so one drafter forward costs about as much as one target forward and every step pays "
                  "both; beside a large target on a GPU the drafter is a small fraction of a target forward, and tau "
                  "(tokens per target forward) is the figure that carries over", spent["baseline"],
                  spent["speculative"], spent["baseline"] / spent["speculative"])
-    return results
+    return results, spent
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -133,7 +143,7 @@ def check_lineage(checkpoint: Path, info: TargetInfo) -> dict[str, Any]:
 
     lineage = lineage_of(PretrainedConfig.from_json_file(str(checkpoint / "config.json")))
     if lineage["tokenizer_fingerprint"] != info.tokenizer_fingerprint:
-        raise ValueError(
+        raise DrafterMismatch(
             f"the drafter in {checkpoint} was trained on data of another tokenizer (fingerprint "
             f"{lineage['tokenizer_fingerprint'][:12]}) than the target's ({info.tokenizer_fingerprint[:12]}): "
             "retrain it for this target"
@@ -150,7 +160,7 @@ def load_models(
     mean other tokens."""
     checkpoint = Path(checkpoint)
     if not (checkpoint / "config.json").is_file():
-        raise FileNotFoundError(f"no drafter in {checkpoint} (config.json missing): run the train stage first")
+        raise MissingInput(f"no drafter in {checkpoint} (config.json missing): run the train stage first")
     check_lineage(checkpoint, info)
     device = resolve_device(params.device)
     target = load_model(info, dtype="auto" if params.dtype == "auto" else _DTYPES[params.dtype], device=device)
@@ -158,7 +168,7 @@ def load_models(
     drafter = DFlashDrafter.from_pretrained(checkpoint, target).to(target.dtype)
     n_target = target.config.get_text_config().num_hidden_layers
     if int(getattr(drafter.config, "num_target_layers", n_target)) != n_target:
-        raise ValueError(
+        raise DrafterMismatch(
             f"the drafter in {checkpoint} was trained on a {drafter.config.num_target_layers}-layer target, "
             f"but {info.path} has {n_target} layers: retrain it for this target"
         )
@@ -168,61 +178,50 @@ def load_models(
     return target, tokenizer, drafter
 
 
-def run_evaluate(
-    params: EvalParams,
-    target_dir: str | os.PathLike,
-    checkpoint: str | os.PathLike,
-    prompts_path: str | os.PathLike,
-    metrics_path: str | os.PathLike,
-    plot_path: str | os.PathLike,
-) -> dict[str, Any]:
-    """The evaluate stage: write ``metrics/eval.json`` and the acceptance-by-position plot; return the metrics.
+def run_evaluate(p: EvalParams, args: EvalArgs, stage: StageRun) -> None:
+    """The evaluate stage: the acceptance-by-position plot, and ``stage`` filled (headline ``tau``, ``tau_min``,
+    ``lossless``; the report every figure; the run file the wall clock of both decodings).
 
-    Fails (after writing both, so they can be read) when an output differs from target-only greedy decoding and
-    ``require_lossless`` is set: that is a bug in verification, or, in bf16, numerics flipping a near-tie.
+    Refuses (after writing the plot; the log has tau and lossless) when an output differs from target-only greedy
+    decoding and ``require_lossless`` is set: that is a bug in verification, or, in bf16, numerics flipping a near-tie.
     """
-    started = time.perf_counter()
-    info = load_target(target_dir)
-    skips = Skips(log, strict=params.strict)
-    records = load_eval_prompts(prompts_path, params.max_prompts_per_source, skips)
+    info = load_target(args.target)
+    stage.skips.strict = p.strict
+    if not args.prompts.is_file():
+        raise MissingInput(f"{args.prompts} does not exist: run the prompts stage first (dvc repro prompts)")
+    records = load_eval_prompts(args.prompts, p.max_prompts_per_source, stage.skips)
     if not records:
-        raise ValueError(f"{prompts_path} holds no usable eval prompts (skipped: {skips.as_dict()})")
+        raise Refusal(f"{args.prompts} holds no usable eval prompts (skipped: {stage.skips.as_dict()}): "
+                      "re-run the prompts stage")
     # Batch-1 decoding of a small model is latency-bound: on a busy CPU, extra OpenMP threads only spin
     # (measured: 2 threads 15x slower than 1 on a loaded 2-core box).
-    with torch_threads(params.threads):
-        return _evaluate(params, info, checkpoint, records, skips, metrics_path, plot_path, started)
+    with torch_threads(p.threads):
+        _evaluate(p, info, args, records, stage)
 
 
-def _evaluate(
-    params: EvalParams,
-    info: TargetInfo,
-    checkpoint: str | os.PathLike,
-    records: list[PromptRecord],
-    skips: Skips,
-    metrics_path: str | os.PathLike,
-    plot_path: str | os.PathLike,
-    started: float,
-) -> dict[str, Any]:
-    target, tokenizer, drafter = load_models(info, checkpoint, params)
+def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, records: list[PromptRecord], stage: StageRun) -> None:
+    target, tokenizer, drafter = load_models(info, args.checkpoint, p)
     # The prompts are rendered in the thinking mode the training data was generated in (null: the template's own).
     thinking = lineage_of(drafter.config)["enable_thinking"]
     log.info("evaluating %d prompts, block size %d, enable_thinking=%s (the training data's) on %s",
              len(records), drafter.block_size, thinking, target.device)
-    results = evaluate_prompts(
-        target, tokenizer, DFlashProposer(drafter), records, stop_token_ids(info), params, thinking, skips
+    results, spent = evaluate_prompts(
+        target, tokenizer, DFlashProposer(drafter), records, stop_token_ids(info), p, thinking, stage.skips
     )
     if not results:
-        raise ValueError(f"every eval prompt was skipped ({skips.as_dict()}); raise evaluate.max_prompt_tokens?")
-    metrics = summarize(results, drafter.block_size, skips, params.max_new_tokens, thinking)
-    write_csv(plot_path, acceptance_by_position(results, drafter.block_size), ACCEPTANCE_COLUMNS)
-    metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
-    write_json(metrics_path, metrics)
-    log.info("tau %.3f over %d steps, lossless %.3f, target forwards saved %.1f%%", metrics["tau"] or 0.0,
-             metrics["verification_steps"], metrics["lossless"], 100 * (metrics["target_forwards"]["saved_fraction"] or 0))
-    if params.require_lossless and metrics["lossless"] < 1.0:
-        raise RuntimeError(
-            f"speculative decoding changed the output of {len(metrics['mismatched_prompts'])} prompt(s) "
-            f"{metrics['mismatched_prompts'][:5]}: greedy verification must be lossless. In float32 this is a bug; "
+        raise Refusal(f"every eval prompt was skipped ({stage.skips.as_dict()}): raise evaluate.max_prompt_tokens?")
+    details = summarize(results, drafter.block_size, p.max_new_tokens, thinking)
+    stage.details.update(details)
+    stage.headline.update(headline(details))
+    stage.run.update(baseline_seconds=round(spent["baseline"], 2), speculative_seconds=round(spent["speculative"], 2),
+                     speedup=round(spent["baseline"] / spent["speculative"], 3) if spent["speculative"] else None)
+    write_csv(args.plot, acceptance_by_position(results, drafter.block_size), ACCEPTANCE_COLUMNS)
+    log.info("tau %.3f (lowest source %.3f) over %d steps, lossless %.3f, target forwards saved %.1f%%",
+             details["tau"] or 0.0, stage.headline["tau_min"] or 0.0, details["verification_steps"],
+             details["lossless"], 100 * (details["target_forwards"]["saved_fraction"] or 0))
+    if p.require_lossless and details["lossless"] < 1.0:
+        raise NotLossless(
+            f"speculative decoding changed the output of {len(details['mismatched_prompts'])} prompt(s) "
+            f"{details['mismatched_prompts'][:5]}: greedy verification must be lossless. In float32 this is a bug; "
             "in bf16/fp16 it can be numerics (set evaluate.dtype: float32 to tell them apart)"
         )
-    return metrics

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from draftline.core import dataset as fmt
 from draftline.core.files import write_json
-from draftline.core.records import dumps
+from draftline.core.jsonl import dumps
 
 SPECULATORS_FEATURES = datasets.Features({
     "input_ids": datasets.List(datasets.Value("int32")),

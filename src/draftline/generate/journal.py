@@ -36,7 +36,7 @@ from typing import Any
 import xxhash
 
 from draftline.core.files import writing
-from draftline.core.records import dumps
+from draftline.core.jsonl import dumps
 
 JOURNAL_FILE = "journal.jsonl"
 OK, PARTIAL, FAILED = "ok", "partial", "failed"

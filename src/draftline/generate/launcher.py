@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
 from draftline.generate.params import LaunchParams
 
@@ -48,11 +49,21 @@ def launch_env(launch: LaunchParams) -> dict[str, str]:
     return env
 
 
-class Server:
-    """A server process run for the duration of a ``with`` block; ready once ``base_url + /health`` says 200."""
+class ServerFailed(Refusal, RuntimeError):
+    """The server exited before it was ready (a CUDA out-of-memory, a bad argument): its log says why."""
 
-    def __init__(self, argv: list[str], base_url: str, log_path: str | os.PathLike,
-                 env: dict[str, str] | None = None, health_timeout_s: float = 1800.0):
+
+class ServerNotReady(Refusal, TimeoutError):
+    """The server did not answer ``/health`` within ``generate.launch.health_timeout_s``."""
+
+
+class Server:
+    """A server process run for the duration of a ``with`` block; ready once ``base_url + /health`` says 200.
+
+    ``health_timeout_s`` is ``generate.launch.health_timeout_s`` (params.yaml holds its value, not this class)."""
+
+    def __init__(self, argv: list[str], base_url: str, log_path: str | os.PathLike, *, health_timeout_s: float,
+                 env: dict[str, str] | None = None):
         self.argv = argv
         self.base_url = base_url.rstrip("/")
         self.log_path = Path(log_path)
@@ -81,7 +92,7 @@ class Server:
         deadline = time.monotonic() + self.health_timeout_s
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with code {self.proc.returncode} before it was ready; "
+                raise ServerFailed(f"the server exited with code {self.proc.returncode} before it was ready; "
                                    f"see its log {self.log_path}")
             try:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
@@ -91,7 +102,7 @@ class Server:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.5)
-        raise TimeoutError(f"{self.base_url}/health did not answer 200 within {self.health_timeout_s}s; "
+        raise ServerNotReady(f"{self.base_url}/health did not answer 200 within {self.health_timeout_s}s; "
                            f"see {self.log_path} or raise generate.launch.health_timeout_s")
 
     def stop(self, grace_s: float = 30.0) -> None:

@@ -18,6 +18,10 @@ from typing import Any
 
 import aiohttp
 
+from draftline.core.errors import Refusal
+from draftline.core.params import ParamsError
+from draftline.generate.params import GenerateParams
+
 
 @dataclass
 class ChatResult:
@@ -39,8 +43,9 @@ class RequestFailed(Exception):
         self.retry_after = retry_after
 
 
-class StageStop(Exception):
-    """A fault no retry or other prompt can get past: the stage stops (the journal keeps what was done)."""
+class StageStop(Refusal):
+    """A fault no retry or other prompt can get past: the stage stops (the journal keeps what was done), printing
+    its message, which names the endpoint and what to change."""
 
 
 class ServersDown(StageStop):
@@ -88,34 +93,44 @@ def parse_reply(body: dict[str, Any]) -> ChatResult:
     )
 
 
-class ChatClient:
-    """Use as ``async with ChatClient(...) as c: result = await c.chat(body, request_id)``."""
+@dataclass(frozen=True)
+class Transport:
+    """How requests are sent: ``generate``'s transport params, none of which changes a reply (not in the journal
+    key). Built from the params by :meth:`of`; the client holds no default of its own."""
 
-    def __init__(
-        self,
-        endpoints: list[str],
-        concurrency: int = 64,
-        timeout_s: float = 600.0,
-        retries: int = 5,
-        backoff_s: float = 1.0,
-        backoff_max_s: float = 60.0,
-        seed: int = 0,
-        api_key: str | None = None,
-    ):
+    concurrency: int  # requests in flight per endpoint
+    timeout_s: float  # per request
+    retries: int  # of transport errors, timeouts, 429 and 5xx
+    backoff_s: float  # first retry delay, doubling each try
+    backoff_max_s: float  # cap on a retry delay
+    seed: int  # of the retry jitter only
+    api_key: str | None = field(repr=False)  # the bearer token (from $generate.api_key_env), never shown
+
+    @classmethod
+    def of(cls, s: GenerateParams) -> Transport:
+        """From ``params.yaml: generate`` (reads ``$<api_key_env>``: an unset variable is a :class:`ParamsError`)."""
+        return cls(s.concurrency, s.timeout_s, s.retries, s.backoff_s, s.backoff_max_s, s.seed, s.api_key())
+
+
+class ChatClient:
+    """Use as ``async with ChatClient(endpoints, transport) as c: result = await c.chat(body, request_id)``."""
+
+    def __init__(self, endpoints: list[str], transport: Transport):
         if not endpoints:
-            raise ValueError("generate.endpoints is empty: list at least one server URL, e.g. http://127.0.0.1:30000")
+            raise ParamsError("params.yaml: generate.endpoints is empty: list at least one server URL, "
+                              "e.g. http://127.0.0.1:30000")
         self.endpoints = [Endpoint(u.rstrip("/")) for u in endpoints]
-        self.concurrency = concurrency
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.backoff_max_s = backoff_max_s
-        self._rng = random.Random(seed)  # jitter only: it never changes a result
+        self.concurrency = transport.concurrency
+        self.timeout = aiohttp.ClientTimeout(total=transport.timeout_s)
+        self.retries = transport.retries
+        self.backoff_s = transport.backoff_s
+        self.backoff_max_s = transport.backoff_max_s
+        self._rng = random.Random(transport.seed)  # jitter only: it never changes a result
         self._cond = asyncio.Condition()
         self._session: aiohttp.ClientSession | None = None
         self.retried = 0
         # Sent as SGLang's and vLLM's --api-key expect it; kept out of every log line and error message.
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {"Authorization": f"Bearer {transport.api_key}"} if transport.api_key else {}
 
     async def __aenter__(self) -> "ChatClient":
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.concurrency)

@@ -1,4 +1,8 @@
-"""``params.yaml: generate``: the backend, the sampling (part of the journal key) and how requests are sent."""
+"""``params.yaml: generate``: the backend, the sampling (part of the journal key) and how requests are sent.
+
+Every Params dataclass of the stage lives here (:class:`GenerateParams`, :class:`LocalParams`,
+:class:`LaunchParams`); :func:`load` is what ``stages/generate.py`` reads. No field has a default: params.yaml
+holds them all."""
 
 from __future__ import annotations
 
@@ -55,6 +59,8 @@ class GenerateParams(Params):
     seed: int
     shard_size: int
     keep_truncated: bool
+    # true: the first bad line of the prompts file stops the stage; false: it is counted (``skipped``) and skipped.
+    strict: bool
     model: str | None
     endpoints: list[str]
     concurrency: int
@@ -80,6 +86,9 @@ class GenerateParams(Params):
     def validate(self, where: str) -> None:
         if self.max_tokens < 1 or self.shard_size < 1 or self.concurrency < 1 or self.retries < 0:
             raise ParamsError(f"params.yaml: {where}: max_tokens, shard_size and concurrency must be >= 1, retries >= 0")
+        if self.backend == "sglang" and self.launch is None and not self.endpoints:
+            raise ParamsError(f"params.yaml: {where}.endpoints is empty: list at least one server URL, e.g. "
+                              "http://127.0.0.1:30000 (or set generate.launch to start SGLang here)")
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -90,3 +99,8 @@ class GenerateParams(Params):
         decides = asdict(self.local)
         del decides["workers"]
         return decides
+
+
+def load(_args: object = None) -> GenerateParams:
+    """``params.yaml: generate``, checked whole (the stage reads nothing else of params.yaml)."""
+    return GenerateParams.load("generate")

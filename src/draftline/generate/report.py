@@ -1,4 +1,9 @@
-"""The generation metrics (``metrics/generate.json``): counts, failures by reason, token statistics, throughput."""
+"""What the generate stage reports about its result: the headline (the metrics file) and the details (the report).
+
+Invariants: both are computed from the prompts and the journal's entries alone, resumed rows included, so two runs
+of the same inputs report the same bytes whatever was resumed; what varies between runs (speeds, resume counts,
+the journal's folder) is :meth:`draftline.generate.progress.Progress.figures` and goes to the run file.
+"""
 
 from __future__ import annotations
 
@@ -31,9 +36,9 @@ def _block(records: list[CompletionRecord], failures: Counter, truncated: int) -
     }
 
 
-def summarize(prompts: list[PromptRecord], entries: dict[str, dict[str, Any]], records: list[CompletionRecord],
-              run: dict[str, Any]) -> dict[str, Any]:
-    """Totals over the whole result (resumed rows included), then the same per source, then this run's figures."""
+def summarize(prompts: list[PromptRecord], entries: dict[str, dict[str, Any]],
+              records: list[CompletionRecord]) -> dict[str, Any]:
+    """The report: totals over the whole result (resumed rows included), then the same per source."""
     by_source: dict[str, list[CompletionRecord]] = defaultdict(list)
     for r in records:
         by_source[r.source].append(r)
@@ -51,10 +56,10 @@ def summarize(prompts: list[PromptRecord], entries: dict[str, dict[str, Any]], r
     out = _block(records, sum(failures.values(), Counter()), sum(truncated.values()))
     out["prompts"] = len(prompts)
     out["per_source"] = {s: _block(by_source[s], failures[s], truncated[s]) for s in sources}
-    wall = run["stage_seconds"]
-    out["run"] = {
-        **run,
-        "completions_per_s": round(run["finished"] / wall, 3) if wall > 0 else 0.0,
-        "output_tokens_per_s": round(run["output_tokens"] / wall, 1) if wall > 0 else 0.0,
-    }
     return out
+
+
+def headline(details: dict[str, Any]) -> dict[str, Any]:
+    """The few figures compared between experiments: completions written, failed, truncated, their output tokens."""
+    return {"rows": details["completions"], "failed": details["failed"], "truncated": details["truncated"],
+            "tokens": details["output_tokens"]["total"]}

@@ -1,4 +1,4 @@
-"""Writing ``data/completions/`` from the journal: shards in prompt order, and the failures.
+"""Writing the completions folder from the journal: shards in prompt order, and the failures.
 
 Results reach the journal in completion order; the folder is written from it afterwards in PROMPT order, under a
 temporary name then renamed whole, so an interrupted and an uninterrupted run give the same bytes and a run stopped
@@ -13,6 +13,7 @@ from typing import Any
 from draftline.core.files import atomic_path, write_jsonl
 from draftline.core.records import CompletionRecord, PromptRecord
 from draftline.generate.journal import FAILED, OK
+from draftline.generate.params import GenerateParams
 from draftline.generate.turns import split_turns
 
 SHARD_PATTERN = "part-{:05d}.jsonl"
@@ -38,11 +39,13 @@ def completion_record(prompt: PromptRecord, entry: dict[str, Any], generation: d
 
 
 def write_outputs(out_dir: str | Path, prompts: list[PromptRecord], entries: dict[str, dict[str, Any]],
-                  generation: dict[str, Any], shard_size: int, keep_truncated: bool) -> tuple[list[CompletionRecord], int]:
-    """Write the shards and ``failures.jsonl``; return the records written and the number of failures.
+                  generation: dict[str, Any], s: GenerateParams) -> tuple[list[CompletionRecord], int]:
+    """Write the shards (``s.shard_size`` rows each, truncated replies only with ``s.keep_truncated``) and
+    ``failures.jsonl``; return the records written and the number of failures.
 
     The folder replaces whatever ``out_dir`` held, so it holds this result only.
     """
+    shard_size, keep_truncated = s.shard_size, s.keep_truncated
     if shard_size < 1:
         raise ValueError(f"generate.shard_size must be >= 1, got {shard_size}")
     records, failures = [], []

@@ -29,14 +29,3 @@ def request_messages(head: list[Message], turns: list[list[Message]], replies: l
         out.append(replies[j])
     return out + turns[k]
 
-
-def dispatch_order(groups: list[str]) -> list[int]:
-    """Indices in an order that sends prompts sharing a prefix group (system prompt + tools) together.
-
-    Groups come in order of first appearance and keep prompt order inside, so the order is stable; the
-    server's prefix cache then holds the shared prefix while its prompts are in flight.
-    """
-    first: dict[str, int] = {}
-    for i, g in enumerate(groups):
-        first.setdefault(g, i)
-    return sorted(range(len(groups)), key=lambda i: (first[groups[i]], i))

@@ -1,4 +1,4 @@
-"""The ``merge`` stage: a base training set + the new tokenized rows -> ``data/merged``, the base's shards carried
+"""The ``merge`` stage: a base training set + the new tokenized rows -> the merged set, the base's shards carried
 byte-identical. ``parts`` opens datasets without reading them, ``guards`` refuses a base that does not fit,
 ``reencode`` tests its tokenizer in a child process, ``carry`` links or copies shards, ``stage`` runs it all.
 

@@ -1,5 +1,5 @@
 """How a merge puts a shard file that already exists (the base's, or the new rows' when none was dropped) into
-``data/merged`` byte-identical: a reflink, a hardlink or a copy (``merge.carry``).
+the merged folder byte-identical: a reflink, a hardlink or a copy (``merge.carry``).
 
 Shards are immutable: nothing in draftline writes into an existing shard (writers write a temporary name, then
 rename), and neither does DVC: ``dvc checkout`` removes a workspace file before it links or copies the cached one
@@ -14,11 +14,11 @@ cache (root ignores DVC's read-only mode), which is the risk DVC's own link cach
 2. else a hardlink. Under a copy cache (DVC's default ``reflink,copy`` on ext4) the cache holds its own copy of
    every file, and ``dvc commit`` replaces the linked output by a copy from it (``_needs_relink``: a copy wants one
    link). Under a link cache (this project's ``.dvc/config``: ``hardlink,symlink,copy``)
-   the base's files are cache objects already and DVC links ``data/merged`` to the same objects on commit: a copy
+   the base's files are cache objects already and DVC links the merged folder to the same objects on commit: a copy
    made here would be thrown away right after, so the hardlink adds no name DVC would not add itself;
 3. else (the link failed: another filesystem, another owner, ``fs.protected_hardlinks``) a copy.
 
-Every shard of ``data/merged`` is made read-only (0444, :func:`make_read_only`) once the merge is accepted: a
+Every shard of the merged folder is made read-only (0444, :func:`make_read_only`) once the merge is accepted: a
 hardlink shares its mode with the base's file, which is then read-only too. That stops in-place writes by users
 other than root.
 """
@@ -32,6 +32,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
 
 log = get_logger(__name__)
@@ -51,6 +52,11 @@ _UNSUPPORTED = {
     errno.ENOSYS,
 }
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+
+
+class CarryError(OSError, Refusal):
+    """``merge.carry: reflink`` or ``hardlink`` where the filesystem (or the files' owner) refuses that link: the
+    message names the mode to use instead."""
 
 
 def make_read_only(path: Path) -> None:
@@ -86,16 +92,16 @@ class Carrier:
             except OSError as e:
                 dst.unlink(missing_ok=True)
                 if self.mode == "reflink" or e.errno not in _UNSUPPORTED:
-                    raise OSError(e.errno, f"merge.carry: reflink of {src} failed ({e.strerror}); "
-                                  "this filesystem has no reflinks (ext4): use merge.carry auto or copy") from e  # fmt: skip
+                    raise CarryError(e.errno, f"merge.carry: reflink of {src} failed ({e.strerror}); "
+                                     "this filesystem has no reflinks (ext4): use merge.carry auto or copy") from e  # fmt: skip
         if self.mode in ("auto", "hardlink"):
             try:
                 os.link(src, dst, follow_symlinks=True)
                 return "hardlink"
             except OSError as e:
                 if self.mode == "hardlink" or e.errno not in _UNSUPPORTED:
-                    raise OSError(e.errno, f"merge.carry: hardlink {src} -> {dst} failed ({e.strerror}); "
-                                  "another filesystem or owner? use merge.carry auto or copy") from e  # fmt: skip
+                    raise CarryError(e.errno, f"merge.carry: hardlink {src} -> {dst} failed ({e.strerror}); "
+                                     "another filesystem or owner? use merge.carry auto or copy") from e  # fmt: skip
                 log.info("hardlink %s -> %s refused (%s): copying", src, dst, e.strerror)
         shutil.copyfile(src, dst)
         return "copy"

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftline.core import dataset as fmt
-from draftline.core.files import iter_jsonl
+from draftline.core.jsonl import iter_jsonl
 from draftline.merge.guards import MergeGuardError
 
 

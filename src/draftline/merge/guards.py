@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.types as pat
 
 from draftline.core.dataset import KEY_BYTES, SCHEMA, build_table, flat_tokens, pieces, prompt_key_digests
+from draftline.core.errors import Refusal
 
 # Ids given to legacy rows that had none: the hash of their prompt tokens, so a later round can still match
 # new rows against them (merge.parts.find_overlap looks for this prefix).
@@ -30,7 +31,7 @@ LEGACY_SOURCE = "legacy"
 _INT32_MAX = np.iinfo(np.int32).max
 
 
-class MergeGuardError(ValueError):
+class MergeGuardError(Refusal, ValueError):
     """A base that must not be merged: the message says which guard fired and what to change."""
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftline.core import dataset as fmt
+from draftline.core.errors import MissingInput
 from draftline.core.stats import Sources, mix_stats
 from draftline.merge.foreign import export_claim, foreign_format, read_foreign
 from draftline.merge.guards import CastPlan, MergeGuardError, check_values, plan_casts
@@ -66,7 +67,7 @@ def open_part(
             fmt.drop_pages(t)
         return Part(folder, where, None, [], tables, plan, "", kind, claim["tokenizer_fingerprint"] if claim else None)
     if not (folder / "state.json").is_file():
-        raise FileNotFoundError(f"{where} has no state.json: not a datasets save_to_disk folder")
+        raise MissingInput(f"{where} has no state.json: not a datasets save_to_disk folder")
     meta = fmt.read_meta(folder) if (folder / fmt.META_FILE).is_file() else None
     if meta is None and not legacy_ok:
         fmt.read_meta(folder)  # raises its clear "not a draftline dataset" error

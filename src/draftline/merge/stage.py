@@ -1,4 +1,4 @@
-"""The ``merge`` stage: an existing training set (``merge.base``) + the new tokenized rows -> ``data/merged``.
+"""The ``merge`` stage: an existing training set (``merge.base``) + the new tokenized rows -> the merged set.
 
 The merged folder is a ``save_to_disk`` folder whose first shards are the base's own shard files, carried
 byte-identical (:mod:`draftline.merge.carry`: reflink, hardlink or copy), and whose last shards hold the new
@@ -15,13 +15,11 @@ the merged folder's fingerprint is derived from the base's instead of rehashing 
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,11 +27,12 @@ import xxhash
 from tqdm import tqdm
 
 from draftline.core import dataset as fmt
-from draftline.core.files import atomic_path, write_json
+from draftline.core.errors import MissingInput
+from draftline.core.files import atomic_path
 from draftline.core.fingerprint import tokenizer_fingerprint
 from draftline.core.logs import get_logger
-from draftline.core.params import Params, ParamsError
 from draftline.core.records import TargetInfo
+from draftline.core.runner import StageArgs, StageRun
 from draftline.core.target import load_target, load_tokenizer
 from draftline.merge.carry import Carrier, make_read_only
 from draftline.merge.guards import (
@@ -43,28 +42,11 @@ from draftline.merge.guards import (
     check_tokenizer_claim,
     recorded_digests,
 )
+from draftline.merge.params import MergeParams
 from draftline.merge.parts import Counts, Part, find_overlap, kept_rows, open_part, prompt_keys_of, shard_info, stats_of
 from draftline.merge.reencode import count_round_trips, start_check
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class MergeParams(Params):
-    """``params.yaml: merge`` (each key is documented there and in docs/merge.md)."""
-
-    base: str | None
-    base_tokenizer: str | None
-    assume_same_tokenizer: bool
-    check_rows: int
-    check_min_match: float
-    drop_columns: list[str]
-    seed: int
-    carry: Literal["auto", "reflink", "hardlink", "copy"]
-
-    def validate(self, where: str) -> None:
-        if self.check_rows < 0 or not 0.0 <= self.check_min_match <= 1.0:
-            raise ParamsError(f"params.yaml: {where}.check_rows must be >= 0 and {where}.check_min_match in [0, 1]")
 
 
 def _check_claim(params: MergeParams, base: Part, new_meta: fmt.DatasetMeta) -> str:
@@ -220,9 +202,10 @@ def merged_meta(new: Part, base_counts: Counts | None, base: Part | None, staged
     return meta
 
 
-def merge_metrics(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts: Counts | None,
+def merge_details(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts: Counts | None,
                   overlap: dict[str, np.ndarray], reencoded: dict, carrier: Carrier,
                   staged: list[fmt.ShardInfo]) -> dict[str, Any]:
+    """The report: stats of base, new and merged, the overlap, the guards' verdicts, how the shards were carried."""
     b = base.part if base else None
     kept_counts = Counts.of([kept])
     drop = overlap["by_id"] | overlap["by_prompt"]
@@ -245,58 +228,66 @@ def merge_metrics(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts
             "dropped_columns": b.plan.dropped if b else [],
         },
         "base_shards_carried": len(b.files) if b is not None and b.plan.identity else 0,
+        # The same for the same inputs on one machine (it follows the filesystems), so a detail, not a run field.
         "carried_by": "/".join(sorted(carrier.used)) or "-",
         "shards": len(staged),
         "bytes": sum(s.num_bytes for s in staged),
     }
 
 
-def run_merge(
-    params: MergeParams,
-    tokenized_dir: str | os.PathLike = "data/tokenized",
-    target_dir: str | os.PathLike = "data/target",
-    out_dir: str | os.PathLike = "data/merged",
-    metrics_path: str | os.PathLike = "metrics/merge.json",
-) -> dict[str, Any]:
-    """Run the stage; returns the metrics it writes. Raises :class:`MergeGuardError`, leaving ``out_dir`` as it
-    was, when the base does not fit the new data."""
-    started = time.perf_counter()
-    info = load_target(target_dir)
-    new = open_part(tokenized_dir, str(tokenized_dir), False, [], info.vocab_size)
+@dataclass(frozen=True, kw_only=True)
+class MergeArgs(StageArgs):
+    """``stages/merge.py``'s paths (dvc.yaml passes them): the tokenize stage's folder, the target's
+    ``target.json``, the merged folder written and the headline metrics. The base is ``merge.base`` (a param)."""
+
+    tokenized: Path
+    target: Path
+    out: Path
+    metrics: Path
+
+
+def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
+    """The whole stage. Raises :class:`MergeGuardError`, leaving ``args.out`` as it was, when the base does not
+    fit the new data."""
+    info = load_target(args.target)
+    if not (Path(args.tokenized) / fmt.META_FILE).is_file():
+        raise MissingInput(f"{Path(args.tokenized) / fmt.META_FILE} is missing: {args.tokenized} is not a tokenized "
+                           "dataset; run the tokenize stage first (dvc repro tokenize)")
+    new = open_part(args.tokenized, str(args.tokenized), False, [], info.vocab_size)
     if new.meta.tokenizer_fingerprint != info.tokenizer_fingerprint:
         raise MergeGuardError(
-            f"{tokenized_dir} was tokenized with another tokenizer than {target_dir} describes: re-run tokenize"
+            f"{args.tokenized} was tokenized with another tokenizer than {args.target} describes: re-run tokenize"
         )
     new_table = pa.concat_tables(new.tables)
-    base = check_base(params, info, new) if params.base else None
+    base = check_base(p, info, new) if p.base else None
     overlap = overlap_with(base, new, new_table)
     drop = overlap["by_id"] | overlap["by_prompt"]
     kept = kept_rows(new_table, drop)
 
-    carrier = Carrier(params.carry)
+    carrier = Carrier(p.carry)
     b = base.part if base else None
-    with atomic_path(out_dir) as tmp:
+    with atomic_path(args.out) as tmp:
         tmp.mkdir(parents=True)
         staged, base_tables = _write_shards(tmp, b, base.legacy_keys if base else None, new, kept, carrier)
         fmt.write_folder_index(tmp, [s.filename for s in staged], _fingerprint(b, new, drop))
         base_counts = Counts.of(base_tables) if b is not None else None
         meta = merged_meta(new, base_counts, b, staged)
         fmt.write_meta(tmp, meta)
-        np.save(tmp / fmt.ORDER_FILE, fmt.training_order(meta.num_rows, params.seed), allow_pickle=False)
+        np.save(tmp / fmt.ORDER_FILE, fmt.training_order(meta.num_rows, p.seed), allow_pickle=False)
         # The last guard: its verdict comes before the folder is published (a refusal discards it).
         reencoded = base.reencode() if base else {}
         for s in staged:
             make_read_only(tmp / s.filename)
             make_read_only(fmt.keys_path(tmp / s.filename))
 
-    metrics = merge_metrics(base, new, kept, base_counts, overlap, reencoded, carrier, staged)
-    metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
-    write_json(metrics_path, metrics)
+    details = merge_details(base, new, kept, base_counts, overlap, reencoded, carrier, staged)
+    stage.details.update(details)
+    merged = details["merged"]
+    stage.headline.update(rows=merged["samples"], tokens=merged["total_tokens"], loss_tokens=merged["loss_tokens"],
+                          dropped=details["overlap"]["dropped"], base_rows=b.num_rows if b else 0)
     log.info(
         "merged %d base rows (%s) + %d new rows, %d of them dropped as already in the base: %d rows in %d shards "
-        "(files carried by %s) in %.1f s",
+        "(files carried by %s)",
         b.num_rows if b else 0, ("carried" if b.plan.identity else "rewritten") if b else "none",
-        new.num_rows, int(drop.sum()), meta.num_rows, len(staged), metrics["carried_by"],
-        time.perf_counter() - started,
+        new.num_rows, int(drop.sum()), meta.num_rows, len(staged), details["carried_by"],
     )  # fmt: skip
-    return metrics

@@ -11,16 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, get_args
 
 import xxhash
 
-from draftline.core.params import Params, ParamsError, optional
+from draftline.core.errors import Refusal
+from draftline.prompts.params import BlendSource, Unit
 
-UNITS = ("samples", "tokens")
 
-
-class BlendError(ValueError):
+class BlendError(Refusal, ValueError):
     """A blend that cannot be met; the message names the numbers and what to change."""
 
 
@@ -58,36 +57,6 @@ def quotas(total: int, weights: Mapping[str, float], capacity: Mapping[str, int]
             remaining -= capacity[k]
             del active[k]
     return {k: out.get(k, 0) for k in weights}
-
-
-@dataclass(frozen=True)
-class BlendSource(Params):
-    """``blend.sources.<name>``: ``whole: true`` (taken in full) or ``weight: w`` (its share of the rest)."""
-
-    whole: bool | None = optional()
-    weight: float | None = optional()
-
-    def validate(self, where: str) -> None:
-        if self.whole and self.weight is not None:
-            raise ParamsError(f"params.yaml: {where}: give 'whole: true' or 'weight', not both")
-        if self.weight is not None and (self.weight < 0 or not math.isfinite(self.weight)):
-            raise ParamsError(f"params.yaml: {where}.weight must be >= 0, not {self.weight}")
-
-
-@dataclass(frozen=True)
-class BlendParams(Params):
-    """``params.yaml: blend``."""
-
-    total: int
-    unit: Literal["samples", "tokens"]
-    seed: int
-    eval_per_source: int
-    sources: dict[str, BlendSource]
-
-    def validate(self, where: str) -> None:
-        for key in ("total", "eval_per_source", "seed"):
-            if getattr(self, key) < 0:
-                raise ParamsError(f"params.yaml: {where}.{key} must be a non-negative integer, not {getattr(self, key)}")
 
 
 @dataclass
@@ -137,8 +106,8 @@ def split_eval(ranked_ids: Sequence[str], n: int) -> tuple[list[str], list[str]]
 
 def select(pools: Sequence[Pool], total: int, unit: str) -> Selection:
     """Choose train rows so that the blend holds ``total`` units (exactly for samples, within one row for tokens)."""
-    if unit not in UNITS:
-        raise BlendError(f"blend.unit must be one of {UNITS}, not {unit!r}")
+    if unit not in get_args(Unit):
+        raise BlendError(f"blend.unit must be one of {list(get_args(Unit))}, not {unit!r}")
     if total < 0:
         raise BlendError(f"blend.total must be >= 0, not {total}")
     whole = [p for p in pools if p.whole]

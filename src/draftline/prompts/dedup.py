@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
-from draftline.core.params import Params, ParamsError
+from draftline.prompts.params import NearParams
 
 # CJK has no spaces: each character is a word; elsewhere runs of letters/digits are.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -53,30 +52,6 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
             if err < best_err:
                 best, best_err = (b, r), err
     return best
-
-
-@dataclass(frozen=True)
-class NearParams(Params):
-    """``params.yaml: dedup.near``."""
-
-    enabled: bool
-    threshold: float
-    num_perm: int
-    ngram: int
-    seed: int
-    exact_numbers: list[str]
-
-    def validate(self, where: str) -> None:
-        if not 0.0 < self.threshold <= 1.0 or self.num_perm < 1 or self.ngram < 1:
-            raise ParamsError(f"params.yaml: {where}: threshold must be in (0, 1], num_perm and ngram >= 1")
-
-
-@dataclass(frozen=True)
-class DedupParams(Params):
-    """``params.yaml: dedup``."""
-
-    priority: list[str]
-    near: NearParams
 
 
 class MinHasher:

@@ -1,4 +1,4 @@
-"""The ``prompts`` stage: ``data/conversations/*`` -> ``data/prompts/{train,eval}.jsonl`` + metrics + the mix plot.
+"""The ``prompts`` stage: every source's conversations -> ``train.jsonl`` + ``eval.jsonl``, metrics and the mix plot.
 
 Order of work: cut a prompt out of every conversation (bad ones counted per reason), exact dedup, near dedup,
 eval split, blend. Every check that can fail (config, feasibility of the blend) runs before anything is written,
@@ -10,44 +10,36 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tqdm import tqdm
 
-from draftline.core.files import atomic_path, write_csv, write_json
+from draftline.core.errors import MissingInput
+from draftline.core.files import atomic_path, write_csv
 from draftline.core.logs import get_logger
-from draftline.core.params import Params
-from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, PromptRecord, read_conversations
+from draftline.core.params import ParamsError
+from draftline.core.records import (
+    CONVERSATIONS_FILE,
+    CONVERSATIONS_STATS_FILE,
+    EVAL_FILE,
+    TRAIN_FILE,
+    PromptRecord,
+    read_conversations,
+)
+from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import RowError, Skips
 from draftline.core.target import load_target, load_tokenizer
-from draftline.prompts.blend import BlendParams, Pool, hash_rank, select, source_plan, split_eval
+from draftline.prompts.blend import Pool, hash_rank, select, source_plan, split_eval
 from draftline.prompts.canonical import cut_prompt, user_text
 from draftline.prompts.costs import token_costs
-from draftline.prompts.dedup import (
-    DedupParams,
-    MinHasher,
-    exact_duplicates,
-    near_duplicates,
-    number_key,
-    survivor_order,
-)
+from draftline.prompts.dedup import MinHasher, exact_duplicates, near_duplicates, number_key, survivor_order
+from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
 from draftline.prompts.report import SourceReport, build_metrics, format_table, plot_rows
 
 log = get_logger("draftline.prompts")
-
-# The conversations stage's files (data/conversations/<name>/): the record file, and its reading counts.
-
-
-@dataclass(frozen=True)
-class PromptsParams(Params):
-    """``params.yaml: prompts``."""
-
-    turns: Literal["first", "all"]
-    strict: bool
 
 
 def _check_names(sources: Sequence[str], dedup: DedupParams, blend: BlendParams) -> None:
@@ -56,7 +48,7 @@ def _check_names(sources: Sequence[str], dedup: DedupParams, blend: BlendParams)
     for key, names in (("priority", dedup.priority), ("near.exact_numbers", dedup.near.exact_numbers)):
         unknown = sorted(set(names) - set(sources))
         if unknown:
-            raise ValueError(f"dedup.{key} names {unknown}, which are not in params.yaml: sources")
+            raise ParamsError(f"params.yaml: dedup.{key} names {unknown}, which are not in params.yaml: sources")
 
 
 def collect(
@@ -68,7 +60,7 @@ def collect(
     for name in sources:
         folder = Path(conversations_root) / name
         if not (folder / CONVERSATIONS_FILE).is_file():
-            raise FileNotFoundError(f"{folder / CONVERSATIONS_FILE} is missing: run `dvc repro conversations@{name}`")
+            raise MissingInput(f"{folder / CONVERSATIONS_FILE} is missing: run `dvc repro conversations@{name}`")
         read = json.loads((folder / CONVERSATIONS_STATS_FILE).read_text(encoding="utf-8"))
         skips = Skips(get_logger(f"draftline.prompts.{name}"), strict=prompts.strict)
         skips.counts.update(read["skipped"])
@@ -164,40 +156,39 @@ def blend_rows(
 def _write_outputs(out_dir: Path, train: list[PromptRecord], eval_: list[PromptRecord]) -> None:
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        for fname, rows in (("train.jsonl", train), ("eval.jsonl", eval_)):
+        for fname, rows in ((TRAIN_FILE, train), (EVAL_FILE, eval_)):
             with open(tmp / fname, "w", encoding="utf-8") as f:
                 for r in rows:
                     f.write(r.to_json() + "\n")
 
 
-def run_prompts(
-    sources: Sequence[str],
-    prompts: PromptsParams,
-    dedup: DedupParams,
-    blend: BlendParams,
-    enable_thinking: bool,
-    *,
-    conversations_root: str | os.PathLike = "data/conversations",
-    target_dir: str | os.PathLike = "data/target",
-    out_dir: str | os.PathLike = "data/prompts",
-    metrics_path: str | os.PathLike = "metrics/prompts.json",
-    plots_path: str | os.PathLike = "plots/prompts_mix.csv",
-) -> dict[str, Any]:
-    """Run the whole stage over ``sources`` (names, in params.yaml order); returns the metrics.
+@dataclass(frozen=True, kw_only=True)
+class PromptsArgs(StageArgs):
+    """``stages/prompts.py``'s paths (dvc.yaml passes them)."""
 
-    Raises before writing anything when the blend is infeasible."""
-    started = time.perf_counter()
-    order = list(sources)
-    _check_names(order, dedup, blend)
-    records, reports = collect(order, prompts, conversations_root)
-    kept = deduplicate(records, reports, dedup, order)
-    cost = Costs(kept, load_tokenizer(load_target(target_dir)), enable_thinking)
-    train, eval_ = blend_rows(kept, reports, blend, order, cost)
-    _write_outputs(Path(out_dir), train, eval_)
-    metrics = build_metrics(reports, blend.unit, blend.total)
-    metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
-    write_json(metrics_path, metrics)
-    write_csv(plots_path, plot_rows(metrics))
-    print(format_table(metrics), flush=True)
-    log.info("wrote %d train and %d eval prompts to %s", len(train), len(eval_), out_dir)
-    return metrics
+    conversations: Path
+    target: Path
+    out: Path
+    metrics: Path
+    plot: Path
+
+
+def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
+    """The whole stage over ``p.sources`` (names, in params.yaml order). Raises before writing anything when the
+    blend is infeasible."""
+    order = list(p.sources)
+    _check_names(order, p.dedup, p.blend)
+    records, reports = collect(order, p.prompts, args.conversations)
+    kept = deduplicate(records, reports, p.dedup, order)
+    cost = Costs(kept, load_tokenizer(load_target(args.target)), p.enable_thinking)
+    train, eval_ = blend_rows(kept, reports, p.blend, order, cost)
+    _write_outputs(args.out, train, eval_)
+    details = build_metrics(reports, p.blend.unit, p.blend.total)
+    for r in reports.values():
+        stage.skips.counts.update(r.skipped)
+    stage.details.update(details)
+    stage.headline.update(rows=details["train_rows"], tokens=details["train_tokens"], eval_rows=details["eval_rows"],
+                          duplicates=sum(r.exact_duplicates + r.near_duplicates for r in reports.values()))
+    write_csv(args.plot, plot_rows(details))
+    print(format_table(details), flush=True)
+    log.info("wrote %d train and %d eval prompts to %s", len(train), len(eval_), args.out)

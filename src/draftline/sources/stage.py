@@ -8,8 +8,6 @@ as the dataset published them. Unreadable lines are counted with ``file:line`` (
 from __future__ import annotations
 
 import json
-import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from draftline.core.files import iter_jsonl, write_json
+from draftline.core.errors import MissingInput, Refusal
+from draftline.core.jsonl import iter_jsonl
 from draftline.core.logs import get_logger
 from draftline.core.raw import json_columns, rows_to_table, with_json_columns, write_raw
+from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.source_spec import SourceSpec
 
@@ -48,16 +48,16 @@ def _input_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise FileNotFoundError(f"{path} does not exist; fix `path` in params.yaml: sources")
+        raise MissingInput(f"{path} does not exist; fix `path` in params.yaml: sources")
     files = sorted(
         p for p in path.rglob("*")
         if p.is_file() and p.suffix in JSON_SUFFIXES + PARQUET_SUFFIXES and not p.name.startswith(".")
     )
     if not files:
-        raise FileNotFoundError(f"{path} holds no {', '.join(JSON_SUFFIXES + PARQUET_SUFFIXES)} files")
+        raise MissingInput(f"{path} holds no {', '.join(JSON_SUFFIXES + PARQUET_SUFFIXES)} files")
     kinds = {p.suffix in PARQUET_SUFFIXES for p in files}
     if len(kinds) > 1:
-        raise ValueError(f"{path} mixes Parquet and JSON files; point `path` at a folder of one kind")
+        raise Refusal(f"{path} mixes Parquet and JSON files; point `path` at a folder of one kind")
     return files
 
 
@@ -69,7 +69,7 @@ def _iter_json_file(file: Path) -> Iterator[tuple[str, Any, str | None]]:
                 rows = json.load(f)
         except json.JSONDecodeError as e:
             # Unlike a JSONL line, a broken array loses every row: nothing to keep, so never skip it quietly.
-            raise ValueError(f"{file}: invalid JSON array at line {e.lineno} column {e.colno}: {e.msg}") from e
+            raise Refusal(f"{file}: invalid JSON array at line {e.lineno} column {e.colno}: {e.msg}") from e
         for i, row in enumerate(rows):
             yield f"{file}[{i}]", row, None
         return
@@ -85,11 +85,11 @@ def _first_char(file: Path) -> str:
     return ""
 
 
-def _read_json_rows(name: str, files: list[Path], spec: SourceSpec, skips: Skips) -> _Loaded:
+def _read_json_rows(label: str, files: list[Path], spec: SourceSpec, skips: Skips) -> _Loaded:
     rows: list[dict[str, Any]] = []
     broken: list[dict[str, Any]] = []
     read = 0
-    with tqdm(desc=f"sources@{name}", unit="rows", mininterval=2) as bar:
+    with tqdm(desc=label, unit="rows", mininterval=2) as bar:
         for where, row, error in (r for file in files for r in _iter_json_file(file)):
             if spec.max_rows is not None and len(rows) >= spec.max_rows:
                 break
@@ -120,11 +120,11 @@ def _read_parquet(files: list[Path], spec: SourceSpec) -> _Loaded:
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise ValueError(f"Parquet files under {spec.path} have incompatible schemas: {e}") from e
+        raise Refusal(f"Parquet files under {spec.path} have incompatible schemas: {e}") from e
     return _Loaded(table, [str(f) for f in files], table.num_rows, [])
 
 
-def _read_hf(name: str, spec: SourceSpec) -> _Loaded:
+def _read_hf(label: str, spec: SourceSpec) -> _Loaded:
     """The hub path: ``datasets.load_dataset`` at a pinned revision (also works on a local dataset folder)."""
     import datasets
 
@@ -133,7 +133,7 @@ def _read_hf(name: str, spec: SourceSpec) -> _Loaded:
         ds = datasets.load_dataset(spec.hf, spec.config, revision=spec.revision, split=spec.split, streaming=True)
         if spec.max_rows is not None:
             ds = ds.take(spec.max_rows)
-        rows = list(tqdm(ds, desc=f"sources@{name}", unit="rows", mininterval=2))
+        rows = list(tqdm(ds, desc=label, unit="rows", mininterval=2))
         return _Loaded(rows_to_table(rows), [spec.origin], len(rows), [])
     split = spec.split if spec.max_rows is None else f"{spec.split}[:{spec.max_rows}]"
     ds = datasets.load_dataset(spec.hf, spec.config, revision=spec.revision, split=split)
@@ -141,44 +141,37 @@ def _read_hf(name: str, spec: SourceSpec) -> _Loaded:
     return _Loaded(with_json_columns(table, []), [spec.origin], table.num_rows, [])
 
 
-def load_source(name: str, spec: SourceSpec, skips: Skips) -> _Loaded:
+def load_source(label: str, spec: SourceSpec, skips: Skips) -> _Loaded:
     if spec.hf is not None:
-        return _read_hf(name, spec)
+        return _read_hf(label, spec)
     files = _input_files(Path(spec.path))
     if files[0].suffix in PARQUET_SUFFIXES:
         return _read_parquet(files, spec)
-    return _read_json_rows(name, files, spec, skips)
+    return _read_json_rows(label, files, spec, skips)
 
 
-def run_source(
-    name: str,
-    spec: SourceSpec,
-    raw_root: str | os.PathLike = "data/raw",
-    metrics_root: str | os.PathLike = "metrics/sources",
-) -> dict[str, Any]:
-    """Load source ``name``, write ``raw_root/<name>/data.parquet`` and ``metrics_root/<name>.json``."""
-    started = time.perf_counter()
-    skips = Skips(get_logger(f"sources.{name}"), strict=bool(spec.strict))
-    loaded = load_source(name, spec, skips)
+@dataclass(frozen=True, kw_only=True)
+class SourceArgs(StageArgs):
+    """``stages/sources.py``'s arguments (dvc.yaml passes them): the source's name, its raw folder."""
+
+    source: str
+    out: Path
+
+    @property
+    def label(self) -> str:
+        return f"sources@{self.source}"
+
+
+def run_source(spec: SourceSpec, args: SourceArgs, stage: StageRun) -> None:
+    """Load source ``args.source`` into ``args.out/data.parquet``; a source that gives no row is refused."""
+    stage.skips.strict = bool(spec.strict)
+    loaded = load_source(args.label, spec, stage.skips)
     if loaded.table.num_rows == 0:
-        raise ValueError(f"sources.{name} ({spec.origin}) gave no rows; check its path/split (and max_rows)")
-    write_raw(loaded.table, Path(raw_root) / name)
-    metrics = {
-        "origin": spec.origin,
-        "adapter": spec.adapter,
-        "files": len(loaded.files),
-        "rows_read": loaded.rows_read,
-        "rows_written": loaded.table.num_rows,
-        "broken_rows": skips.total,
-        "skipped": skips.as_dict(),
-        "broken": loaded.broken,
-        "columns": loaded.table.column_names,
-        "json_columns": json_columns(loaded.table.schema),
-        "stage_seconds": round(time.perf_counter() - started, 2),
-    }
-    write_json(Path(metrics_root) / f"{name}.json", metrics)
-    log.info(
-        "sources@%s: %d rows written (%d read, %d broken) from %s",
-        name, metrics["rows_written"], metrics["rows_read"], metrics["broken_rows"], spec.origin,
-    )
-    return metrics
+        raise MissingInput(f"sources.{args.source} ({spec.origin}) gave no rows; check its path/split (and max_rows)")
+    write_raw(loaded.table, args.out)
+    stage.headline.update(rows=loaded.table.num_rows)
+    stage.details.update(origin=spec.origin, adapter=spec.adapter, files=len(loaded.files), rows_read=loaded.rows_read,
+                         rows_written=loaded.table.num_rows, broken=loaded.broken, columns=loaded.table.column_names,
+                         json_columns=json_columns(loaded.table.schema))
+    log.info("%s: %d rows written (%d read, %d broken) from %s", args.label, loaded.table.num_rows,
+             loaded.rows_read, stage.skips.total, spec.origin)

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from draftline.core.errors import MissingInput, Refusal
 from draftline.core.fingerprint import model_fingerprint, template_sha256, tokenizer_fingerprint
 from draftline.core.records import TargetInfo
 
@@ -53,7 +54,7 @@ def pick_mask_token(tok, template: str | dict[str, str], reserved: set[int]) -> 
         added = tok.added_tokens_decoder[tid]
         if added.special and added.content not in text and tid not in reserved:
             return tid
-    raise ValueError(
+    raise Refusal(
         "the tokenizer has no special added token that its chat template leaves unused; "
         "set target.mask_token_id to an id the target never produces"
     )
@@ -62,26 +63,26 @@ def pick_mask_token(tok, template: str | dict[str, str], reserved: set[int]) -> 
 def _check_mask_token(tok, template: str | dict[str, str], mask_id: int, reserved: set[int], rows: int | None) -> None:
     """An explicit mask id must be an added special token the template never writes, or an embedding padding row."""
     if mask_id in reserved:
-        raise ValueError(f"target.mask_token_id={mask_id} is eos/pad/bos/end-of-turn; choose an unused id")
+        raise Refusal(f"target.mask_token_id={mask_id} is eos/pad/bos/end-of-turn; choose an unused id")
     added = tok.added_tokens_decoder.get(mask_id)
     if added is not None:
         if not added.special or added.content in _template_text(template):
-            raise ValueError(
+            raise Refusal(
                 f"target.mask_token_id={mask_id} is {added.content!r}, which the chat template writes or decoding "
                 "keeps; choose a special token the template never uses"
             )
     elif mask_id < len(tok):
-        raise ValueError(
+        raise Refusal(
             f"target.mask_token_id={mask_id} is an ordinary vocabulary token that text encodes to; "
             "choose a reserved special token or an embedding padding row"
         )
     elif rows is None:
-        raise ValueError(
+        raise Refusal(
             f"target.mask_token_id={mask_id} lies past the tokenizer ({len(tok)} tokens) and this folder has no "
             "config.json to show that the embedding has such a row; add config.json beside the tokenizer"
         )
     elif mask_id >= rows:
-        raise ValueError(f"target.mask_token_id={mask_id} is outside the embedding ({rows} rows, config.json)")
+        raise Refusal(f"target.mask_token_id={mask_id} is outside the embedding ({rows} rows, config.json)")
 
 
 def describe_target(
@@ -92,13 +93,13 @@ def describe_target(
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"target.path {folder} is not a folder; give a Hugging Face checkpoint folder or 'embedded'")
+        raise MissingInput(f"target.path {folder} is not a folder; give a Hugging Face checkpoint folder or 'embedded'")
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     template = tok.chat_template
     if not template:
-        raise ValueError(f"the tokenizer in {folder} has no chat template; add chat_template.jinja")
+        raise Refusal(f"the tokenizer in {folder} has no chat template; add chat_template.jinja")
     if tok.eos_token_id is None:
-        raise ValueError(f"the tokenizer in {folder} has no eos token (tokenizer_config.json: eos_token)")
+        raise Refusal(f"the tokenizer in {folder} has no eos token (tokenizer_config.json: eos_token)")
     eot_id = _added_id(tok, END_OF_TURN)
     eot, eot_id = (END_OF_TURN, eot_id) if eot_id is not None else (tok.eos_token, tok.eos_token_id)
     think = [t if _added_id(tok, t) is not None else None for t in THINK_TAGS]
@@ -106,7 +107,7 @@ def describe_target(
     config = _read_config(folder)
     rows = config["vocab_size"] if config else None
     if rows is not None and rows < len(tok):
-        raise ValueError(f"{folder}: the tokenizer has {len(tok)} tokens but config.json vocab_size is only {rows}")
+        raise Refusal(f"{folder}: the tokenizer has {len(tok)} tokens but config.json vocab_size is only {rows}")
     reserved = {i for i in (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id, tok.unk_token_id, eot_id) if i is not None}
     if mask_token_id is None:
         mask_token_id = pick_mask_token(tok, template, reserved)

@@ -1,31 +1,32 @@
-"""The ``target`` stage: describe the target model once, in ``data/target/target.json``, for every later stage.
+"""The ``target`` stage: describe the target model once, in its folder's ``target.json``, for every later stage.
 
 ``target.path`` is either a Hugging Face checkpoint folder, used in place (never copied; a folder with only
-tokenizer files is enough for the CPU stages), or ``embedded``: a tiny Qwen3-style target trained here from the
-sources' conversations (``data/conversations/*``) and saved under ``data/target/model/``.
+tokenizer files is enough for the CPU stages), or ``embedded``: a tiny Qwen3-style target trained here from every
+source's conversations and saved under ``model/`` in the stage's folder.
 
 Later stages use :mod:`draftline.core.target` (``load_target``, then ``load_tokenizer`` / ``load_model``): nothing
-else needs to know where the target lives or whether it is the embedded one. ``data/target`` is written at once
-or not at all.
+else needs to know where the target lives or whether it is the embedded one. The folder is written at once or
+not at all.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftline.core.errors import MissingInput
 from draftline.core.files import atomic_path, write_csv, write_json, write_jsonl
 from draftline.core.logs import get_logger
-from draftline.core.params import Params, optional
-from draftline.core.records import CONVERSATIONS_FILE, Conversation, TargetInfo, read_conversations
+from draftline.core.params import ParamsError
+from draftline.core.records import CONVERSATIONS_FILE, Conversation, read_conversations
+from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.target import TARGET_JSON, load_target
 from draftline.target.describe import describe_target
-from draftline.target.embedded.params import EmbeddedParams
+from draftline.target.params import TargetParams
 
 if TYPE_CHECKING:
     from draftline.target.embedded.build import EmbeddedBuild
@@ -37,23 +38,11 @@ MODEL_DIR = "model"
 LOSS_COLUMNS = ["step", "loss", "lr", "tokens", "reply_tokens"]
 
 
-@dataclass(frozen=True)
-class TargetParams(Params):
-    """``params.yaml: target`` (documented there and in docs/target.md)."""
-
-    path: str
-    mask_token_id: int | None
-    hash_weights: bool
-    seed: int
-    # Read only for the embedded target: a real checkpoint's params.yaml may leave it out.
-    embedded: EmbeddedParams | None = optional()
-
-
 def read_all_conversations(conversations_root: str | os.PathLike, skips: Skips) -> Iterator[Conversation]:
-    """Every conversation of every source (``data/conversations/<name>/``, in name order): the embedded corpus."""
+    """Every conversation of every source (``<conversations_root>/<name>/``, in name order): the embedded corpus."""
     files = sorted(Path(conversations_root).glob(f"*/{CONVERSATIONS_FILE}"))
     if not files:
-        raise FileNotFoundError(f"no */{CONVERSATIONS_FILE} under {conversations_root}: run `dvc repro conversations`")
+        raise MissingInput(f"no */{CONVERSATIONS_FILE} under {conversations_root}: run `dvc repro conversations`")
     for file in files:
         yield from read_conversations(file, skips)
 
@@ -80,7 +69,7 @@ def write_target(
             from draftline.target.embedded.build import build_embedded_target
 
             if params.embedded is None:
-                raise ValueError("params.yaml: target.path is embedded but target.embedded is missing; add it")
+                raise ParamsError("params.yaml: target.path is embedded but target.embedded is missing; add it")
             build = build_embedded_target(conversations, tmp / MODEL_DIR, params.embedded, params.seed, skips or Skips(log))
             info = describe_target(tmp / MODEL_DIR, mask_token_id, hash_weights, embedded=True)
             info.path = MODEL_DIR
@@ -92,25 +81,40 @@ def write_target(
     return build
 
 
-def run_target(
-    params: TargetParams,
-    target_dir: str | os.PathLike = "data/target",
-    conversations_root: str | os.PathLike = "data/conversations",
-    metrics_path: str | os.PathLike = "metrics/target.json",
-    plot_path: str | os.PathLike = "plots/target_loss.csv",
-) -> TargetInfo:
-    """The stage: ``target_dir``, its metrics and the loss curve (empty for a real checkpoint)."""
-    t0 = time.perf_counter()
-    skips = Skips(log)
-    conversations = read_all_conversations(conversations_root, skips) if params.path == EMBEDDED else ()
-    build = write_target(params, target_dir, conversations, skips)
-    info = load_target(target_dir)
-    metrics = dict(build.metrics) if build else {}
-    metrics.update(
-        embedded=info.embedded, num_hidden_layers=info.num_hidden_layers, hidden_size=info.hidden_size,
-        vocab_size=info.vocab_size, skipped=skips.as_dict(), stage_seconds=round(time.perf_counter() - t0, 2),
-    )
-    write_json(metrics_path, metrics)
-    write_csv(plot_path, build.loss_curve if build else [], LOSS_COLUMNS)
-    log.info("target: %s (%s layers, hidden %s, mask token %d)", info.path, info.num_hidden_layers, info.hidden_size, info.mask_token_id)
-    return info
+@dataclass(frozen=True, kw_only=True)
+class TargetArgs(StageArgs):
+    """``stages/target.py``'s paths (dvc.yaml passes them)."""
+
+    conversations: Path
+    out: Path
+    metrics: Path
+    plot: Path
+
+
+# What a build reports that depends on how fast this machine ran it, not on what it built.
+RUN_FIELDS = ("train_s", "tokens_per_s", "wall_s")
+
+
+def run_target(params: TargetParams, args: TargetArgs, stage: StageRun) -> None:
+    """The stage: ``args.out``, its figures and the loss curve (empty for a real checkpoint)."""
+    embedded = params.path == EMBEDDED
+    conversations = read_all_conversations(args.conversations, stage.skips) if embedded else ()
+    build = write_target(params, args.out, conversations, stage.skips)
+    info = load_target(args.out / TARGET_JSON)
+    results = {k: v for k, v in (build.metrics if build else {}).items() if k not in RUN_FIELDS}
+    stage.details.update(results, embedded=info.embedded, num_hidden_layers=info.num_hidden_layers,
+                         hidden_size=info.hidden_size, vocab_size=info.vocab_size)
+    stage.run.update({k: v for k, v in (build.metrics if build else {}).items() if k in RUN_FIELDS})
+    if build:
+        stage.headline.update(final_loss=results["final_loss"], **overall_held_out(build.samples))
+    write_csv(args.plot, build.loss_curve if build else [], LOSS_COLUMNS)
+    log.info("target: %s (%s layers, hidden %s, mask token %d)", info.path, info.num_hidden_layers, info.hidden_size,
+             info.mask_token_id)
+
+
+def overall_held_out(samples: list[dict]) -> dict[str, float]:
+    """The held-out greedy replies over every source: the runaway share, and the well-formed tool-call share of those
+    whose prompt offered tools."""
+    tools = [s["tool_call"] for s in samples if s["tool_call"] is not None]
+    return {"runaway": round(sum(s["runaway"] for s in samples) / max(1, len(samples)), 4),
+            "tool_calls": round(sum(tools) / max(1, len(tools)), 4)}

@@ -1,6 +1,6 @@
 """Completion lines -> training rows, in chunks, on ``workers`` processes, in input order.
 
-The main process reads ``data/completions/part-*.jsonl`` in file and line order and cuts the lines into chunks of
+The main process reads the completions' ``part-*.jsonl`` in file and line order and cuts the lines into chunks of
 fixed size; each worker parses a chunk, turns every completion into one row (``turns: last``) or one row per
 assistant turn (``turns: all``), and renders, tokenizes and masks them (:mod:`draftline.tokenize.loss_mask`).
 Chunks are taken back in order, so the output is the same, byte for byte, whatever the number of workers.

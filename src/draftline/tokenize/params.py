@@ -1,4 +1,4 @@
-"""``params.yaml: tokenize``."""
+"""The tokenize stage's params: ``params.yaml: tokenize``, loaded by :func:`load`."""
 
 from __future__ import annotations
 
@@ -32,3 +32,7 @@ class TokenizeParams(Params):
     @property
     def num_workers(self) -> int:
         return self.workers or os.cpu_count() or 1
+
+
+def load(_args: object = None) -> TokenizeParams:
+    return TokenizeParams.load("tokenize")

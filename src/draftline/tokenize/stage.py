@@ -8,7 +8,6 @@ which every later stage reads instead of repeating them as params. The folder ap
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,9 +19,11 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from draftline.core.dataset import DatasetMeta, write_dataset
-from draftline.core.files import write_csv, write_json
+from draftline.core.errors import MissingInput
+from draftline.core.files import write_csv
 from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo
+from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.stats import length_stats
 from draftline.core.target import load_target, load_tokenizer
@@ -89,13 +90,13 @@ def row_tables(paths: list[Path], info: TargetInfo, tokenizer: Any, params: Toke
     meta.enable_thinking = tally.enable_thinking()
 
 
-def build_metrics(tally: Tally, meta: DatasetMeta) -> dict[str, Any]:
+def build_details(tally: Tally, meta: DatasetMeta) -> dict[str, Any]:
+    """The report: length statistics over all rows and per source, the shards, the thinking mode (the skip reasons
+    are the runner's)."""
     nt, nl, src = tally.arrays()
     return {
         **length_stats(nt, nl),
         "truncated": tally.truncated,
-        "skipped": tally.skips.total,
-        "skips": tally.skips.as_dict(),
         "per_source": {s: length_stats(nt[src == s], nl[src == s]) for s in sorted(set(tally.sources))},
         "shards": len(meta.shards),
         "bytes_per_token": round(sum(s.num_bytes for s in meta.shards) / max(1, meta.num_tokens), 4),
@@ -103,14 +104,13 @@ def build_metrics(tally: Tally, meta: DatasetMeta) -> dict[str, Any]:
     }
 
 
-def log_summary(metrics: dict[str, Any], meta: DatasetMeta, elapsed: float) -> None:
+def log_summary(details: dict[str, Any], meta: DatasetMeta, skips: Skips) -> None:
     log.info(
-        "wrote %d rows, %d tokens (%.1f%% supervised), %.3f bytes/token in %d shard(s); skipped %d %s; "
-        "%.0f tokens/s over %.1f s",
-        meta.num_rows, meta.num_tokens, 100 * metrics.get("loss_coverage", 0), metrics["bytes_per_token"],
-        len(meta.shards), metrics["skipped"], metrics["skips"], meta.num_tokens / max(elapsed, 1e-9), elapsed,
+        "wrote %d rows, %d tokens (%.1f%% supervised), %.3f bytes/token in %d shard(s); skipped %d %s",
+        meta.num_rows, meta.num_tokens, 100 * details.get("loss_coverage", 0), details["bytes_per_token"],
+        len(meta.shards), skips.total, skips.as_dict(),
     )  # fmt: skip
-    for name, st in [("all", metrics), *metrics["per_source"].items()]:
+    for name, st in [("all", details), *details["per_source"].items()]:
         if st["samples"]:
             log.info(
                 "%-20s %8d rows %12d tokens  coverage %5.1f%%  length mean %.0f median %.0f p90 %.0f max %d",
@@ -119,38 +119,45 @@ def log_summary(metrics: dict[str, Any], meta: DatasetMeta, elapsed: float) -> N
             )  # fmt: skip
 
 
-def run_tokenize(
-    completions_dir: str | os.PathLike,
-    target_dir: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    metrics_path: str | os.PathLike,
-    plot_path: str | os.PathLike,
-    params: TokenizeParams,
-) -> dict[str, Any]:
-    """Run the stage; returns the metrics it writes."""
-    started = time.perf_counter()
-    info = load_target(target_dir)
-    paths = sorted(Path(completions_dir).glob("part-*.jsonl"))
+@dataclass(frozen=True, kw_only=True)
+class TokenizeArgs(StageArgs):
+    """``stages/tokenize_chats.py``'s paths (dvc.yaml passes them): the generate stage's folder, the target's
+    ``target.json``, the dataset folder written, the headline metrics and the length histogram."""
+
+    completions: Path
+    target: Path
+    out: Path
+    metrics: Path
+    plot: Path
+
+
+def run_tokenize(p: TokenizeParams, args: TokenizeArgs, stage: StageRun) -> None:
+    """The whole stage: every ``part-*.jsonl`` of ``args.completions`` -> the dataset folder ``args.out``."""
+    stage.skips.strict = p.strict
+    info = load_target(args.target)
+    paths = sorted(Path(args.completions).glob("part-*.jsonl"))
     if not paths:
-        raise FileNotFoundError(f"no part-*.jsonl in {completions_dir}: run the generate stage first")
+        raise MissingInput(f"no part-*.jsonl in {args.completions}: run the generate stage first (dvc repro generate)")
+    started = time.perf_counter()
     # Checks the folder's tokenizer and chat template against the fingerprint the target stage recorded.
     tokenizer = load_tokenizer(info)
-    log.info("tokenizing %d completion files with %d worker(s), turns=%s", len(paths), params.num_workers, params.turns)
+    log.info("tokenizing %d completion files with %d worker(s), turns=%s", len(paths), p.num_workers, p.turns)
     meta = DatasetMeta(
         tokenizer_fingerprint=info.tokenizer_fingerprint,
         chat_template_sha256=info.chat_template_sha256,
         enable_thinking=None,
-        max_len=params.max_len,
+        max_len=p.max_len,
         mask_token_id=info.mask_token_id,
         end_of_turn_token_id=info.end_of_turn_token_id,
     )
-    tally = Tally(Skips(log, strict=params.strict))
-    tables = row_tables(paths, info, tokenizer, params, tally, meta)
-    write_dataset(out_dir, tables, meta, max_shard_bytes=params.max_shard_mb * 1_000_000)
-    metrics = build_metrics(tally, meta)
-    metrics["stage_seconds"] = round(time.perf_counter() - started, 2)
-    write_json(metrics_path, metrics)
+    tally = Tally(stage.skips)
+    tables = row_tables(paths, info, tokenizer, p, tally, meta)
+    write_dataset(args.out, tables, meta, max_shard_bytes=p.max_shard_mb * 1_000_000)
+    stage.run["tokens_per_second"] = round(meta.num_tokens / max(time.perf_counter() - started, 1e-9))
+    details = build_details(tally, meta)
+    stage.details.update(details)
+    stage.headline.update(rows=details["samples"], tokens=details["total_tokens"], loss_tokens=details["loss_tokens"],
+                          truncated=tally.truncated)
     nt, _, _ = tally.arrays()
-    write_csv(plot_path, histogram(nt, int(nt.max()) if len(nt) else params.max_len), ["seq_len", "rows"])
-    log_summary(metrics, meta, time.perf_counter() - started)
-    return metrics
+    write_csv(args.plot, histogram(nt, int(nt.max()) if len(nt) else p.max_len), ["seq_len", "rows"])
+    log_summary(details, meta, stage.skips)

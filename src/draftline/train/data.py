@@ -20,12 +20,18 @@ import datasets
 import numpy as np
 import torch
 
+from draftline.core.errors import Refusal
 from draftline.core.skips import Skips
 
 # Rows scanned per Arrow batch when measuring the dataset. The scan holds ~10 bytes per token of a batch (1,024 rows
 # of 2,800 tokens: ~30 MB); 8,192 rows held ~750 MB and the allocator kept part of it, so peak memory grew with
 # the number of batches scanned.
 _SCAN_ROWS = 1024
+
+
+class PlanError(Refusal, ValueError):
+    """The data and the params leave nothing to train on (no trainable row, fewer batches than ranks): the message
+    says what to change."""
 
 
 @dataclass
@@ -80,7 +86,7 @@ def pack_batches(rows: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list
     for r in rows[order]:
         n = int(lengths[r])
         if n > max_tokens:
-            raise ValueError(
+            raise PlanError(
                 f"a row of {n} tokens does not fit train.max_tokens_per_batch={max_tokens}; "
                 "raise the budget or lower train.max_length"
             )
@@ -120,11 +126,11 @@ class BatchPlan:
                 skips.add("no two consecutive supervised tokens", f"row {int(r)}")
         self.rows = order[~no_anchor]
         if len(self.rows) == 0:
-            raise ValueError("no training row has two consecutive supervised tokens: check the tokenize stage's loss masks")
+            raise PlanError("no training row has two consecutive supervised tokens: check the tokenize stage's loss masks")
         self.batches = pack_batches(self.rows, self.stats.lengths, max_tokens_per_batch)
         self.steps_per_epoch = len(self.batches) // world_size
         if self.steps_per_epoch == 0:
-            raise ValueError(
+            raise PlanError(
                 f"{len(self.batches)} batch(es) cannot feed {world_size} ranks; "
                 "lower train.max_tokens_per_batch or train.gpus"
             )

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from draftline.core.errors import Refusal
 from draftline.train.data import pack_batches
 
 GB = 1024**3
 
 
-class MemoryPlanError(RuntimeError):
+class MemoryPlanError(Refusal, RuntimeError):
     """The worst batch needs more memory than ``train.memory_limit_gb``; the message says what fits."""
 
 

@@ -29,6 +29,7 @@ class TrainParams(Params):
     min_lr_ratio: float
     warmup_ratio: float
     weight_decay: float
+    adam_betas: list[float]
     grad_clip: float
     skip_nonfinite: int
     bf16: bool
@@ -43,11 +44,23 @@ class TrainParams(Params):
     def validate(self, where: str) -> None:
         if self.block_size < 2 or self.drafter_layers < 1 or self.anchors_per_seq < 1:
             raise ParamsError(f"params.yaml: {where}: block_size must be >= 2, drafter_layers and anchors_per_seq >= 1")
+        layers = self.target_layers if isinstance(self.target_layers, list) else [self.target_layers]
+        if not layers or min(layers) < (0 if isinstance(self.target_layers, list) else 1):
+            raise ParamsError(f"params.yaml: {where}.target_layers must be a count >= 1 or a non-empty list of layer "
+                              f"ids >= 0, got {self.target_layers}")
         if self.max_tokens_per_batch < self.max_length:
             raise ParamsError(f"params.yaml: {where}.max_tokens_per_batch ({self.max_tokens_per_batch}) must be >= "
                               f"max_length ({self.max_length}): a longest row must fit a batch")
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ParamsError(f"params.yaml: {where}.adam_betas must be two numbers in [0, 1) (AdamW's beta1, beta2), "
+                              f"got {self.adam_betas}")
         if self.feature_cache_gb < 0:
             raise ParamsError(f"params.yaml: {where}.feature_cache_gb must be >= 0 (0: features online), "
                               f"got {self.feature_cache_gb}")
         if self.save_every < 1 or self.log_every < 1 or (self.max_steps <= 0 and self.epochs <= 0):
             raise ParamsError(f"params.yaml: {where}: save_every and log_every must be >= 1, and max_steps or epochs > 0")
+
+
+def load(_args: object = None) -> TrainParams:
+    """``params.yaml: train`` (the stage's paths do not change its params)."""
+    return TrainParams.load("train")

@@ -1,28 +1,69 @@
-"""The ``train`` stage: ``data/merged`` + ``data/target`` -> ``data/checkpoints`` (a DFlash drafter).
+"""The ``train`` stage: the merged training set + the target -> a DFlash drafter (its checkpoint folder).
 
-``train.gpus`` picks the launcher: 0 or 1 trains in this process; N > 1 re-executes the same command under
-``torchrun --nproc_per_node N`` (torch's own launcher), and every rank trains on its shard of the batches
-(NCCL on GPUs, gloo on CPU). See :mod:`draftline.train.trainer` for the run itself.
+``train.gpus`` picks the launcher: 0 or 1 trains in this process; N > 1 re-executes the same command (its flags
+included) under ``torchrun --nproc_per_node N`` (torch's own launcher), and every rank trains on its shard of the
+batches (NCCL on GPUs, gloo on CPU). Rank 0 writes the checkpoint, the loss curve and, through the stage runner,
+the metrics and the report; the other ranks report nothing; the launching process reads rank 0's figures back,
+so the files it writes last are rank 0's. See :mod:`draftline.train.trainer` for the run itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
+from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
+from draftline.core.runner import StageArgs, StageRun, run_file
 from draftline.train.params import TrainParams
-from draftline.train.trainer import Paths, train
+from draftline.train.trainer import train
 
 log = get_logger(__name__)
 
 
-def run_train(cfg: TrainParams, paths: Paths = Paths()) -> None:
+@dataclass(frozen=True, kw_only=True)
+class TrainArgs(StageArgs):
+    """``stages/train.py``'s paths (dvc.yaml passes them)."""
+
+    merged: Path  # the training set (the merge stage's output)
+    target: Path  # the target's target.json
+    out: Path  # the drafter's checkpoint folder
+    metrics: Path
+    plot: Path  # the loss curve
+
+
+class RanksFailed(Refusal):
+    """A torchrun rank failed; its own message (or traceback) is above, in the ranks' output."""
+
+
+def run_train(p: TrainParams, args: TrainArgs, stage: StageRun) -> None:
     """Train here, or re-execute this command under torchrun when ``gpus > 1``."""
-    if cfg.gpus > 1 and "LOCAL_RANK" not in os.environ:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.gpus}", *sys.argv]
-        log.info("train.gpus=%d: relaunching under torchrun: %s", cfg.gpus, " ".join(cmd))
-        subprocess.run(cmd, check=True)
+    if p.gpus > 1 and "LOCAL_RANK" not in os.environ:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={p.gpus}", *sys.argv]
+        log.info("train.gpus=%d: relaunching under torchrun: %s", p.gpus, " ".join(cmd))
+        done = subprocess.run(cmd)
+        if done.returncode != 0:
+            raise RanksFailed(f"training under torchrun ({p.gpus} ranks) exited with code {done.returncode}: the "
+                              "failing rank's message is above")
+        _take_rank0_report(args, stage)
         return
-    train(cfg, paths)
+    train(p, args, stage)
+    if int(os.environ.get("RANK", "0")) != 0:
+        raise SystemExit(0)  # rank 0 reports: the runner never writes this rank's copy of the same figures
+
+
+def _take_rank0_report(args: TrainArgs, stage: StageRun) -> None:
+    """What rank 0's runner wrote, back into this process's ``stage``: the runner then writes the same metrics and
+    report bytes, and a run file whose ``stage_seconds`` is the whole launch's."""
+    headline = json.loads(args.metrics.read_text(encoding="utf-8"))
+    details = json.loads(args.report.read_text(encoding="utf-8"))
+    headline.pop("skipped")
+    stage.skips.counts.update(details.pop("skips"))
+    stage.headline.update(headline)
+    stage.details.update(details)
+    stage.run.update({k: v for k, v in json.loads(run_file(args.report).read_text(encoding="utf-8")).items()
+                      if k != "stage_seconds"})

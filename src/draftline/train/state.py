@@ -7,7 +7,8 @@ the same run always finds them, in a queued ``dvc exp run`` too. Only the newest
 written under a temporary name and renamed, so a half-written one is never taken for finished.
 
 The data order and the anchor RNG at step ``s`` are functions of ``(seed, s, rank)`` (see ``data.BatchPlan``
-and ``trainer.step_generator``), so a state only needs the step, the weights, the optimizer and scheduler.
+and ``trainer.step_generator``), and so is the learning rate (``core.schedule.lr_at``): a state only needs the
+step, the weights and the optimizer.
 
 A state holds tensors, numbers, strings and lists or dicts of them only, and is read with
 ``torch.load(weights_only=True)``: a file in a shared cache can never run code when it is read. The two newest

@@ -4,9 +4,11 @@ Read top to bottom: :func:`train` sets up the ranks, :func:`prepare` plans the b
 :func:`build` makes the target, the drafter and the optimiser, :func:`cache_features` computes the target's
 features of every row once when they fit in memory, :func:`check_memory` refuses a run whose worst batch would not
 fit, :func:`resume` restores the newest state of the same inputs, :func:`fit` runs the steps, and
-:func:`finish` writes the checkpoint, the metrics and the loss curve. Rank 0 alone writes files. The checkpoint's
-config carries the data's lineage (tokenizer fingerprint, chat template, thinking mode, mask token), so evaluation
-and serving read them from the drafter instead of from params.
+:func:`finish` writes the checkpoint and the loss curve and fills the stage's headline, report and run figures
+(the stage runner writes them). Rank 0 alone writes files. The checkpoint's config carries the data's lineage
+(tokenizer fingerprint, chat template, thinking mode, mask token), so evaluation and serving read them from the
+drafter instead of from params. The learning rate of a step is :func:`draftline.core.schedule.lr_at` of that step,
+set before the optimiser steps: no scheduler state, so a resumed run sets exactly the rates an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
@@ -28,15 +30,19 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from draftline.core.dataset import DatasetMeta, dataset_digest, load_training_set
-from draftline.core.files import write_csv, write_json
+from draftline.core.errors import Refusal
+from draftline.core.files import write_csv
 from draftline.core.fingerprint import code_digest
 from draftline.core.logs import get_logger
+from draftline.core.params import ParamsError
 from draftline.core.records import TargetInfo
+from draftline.core.runner import StageRun
+from draftline.core.schedule import lr_at
 from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target
 from draftline.core.threads import torch_threads
-from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
+from draftline.drafter.model import DFlashDrafter, DrafterMismatch, build_target_layer_ids, make_config
 from draftline.train.data import Batch, BatchPlan, collate
 from draftline.train.features import FeatureCache, cache_bytes
 from draftline.train.memory import GB, Preflight, Shapes, preflight
@@ -44,20 +50,15 @@ from draftline.train.objective import capture_features, dflash_loss
 from draftline.train.params import NOT_IN_KEY, TrainParams
 from draftline.train.state import load_latest, save_state, state_key
 
+if TYPE_CHECKING:
+    from draftline.train.stage import TrainArgs
+
 log = get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class Paths:
-    """Where the train stage reads and writes (the pipeline's by default; tests point them elsewhere)."""
-
-    merged: Path = Path("data/merged")
-    target_dir: Path = Path("data/target")
-    checkpoint: Path = Path("data/checkpoints")
-    metrics: Path = Path("metrics/train.json")
-    plot: Path = Path("plots/train_loss.csv")
-    # None: the scratch root of core.scratch ($DRAFTLINE_CACHE, else <repo>/.draftline/cache).
-    cache_root: Path | None = None
+class TrainInputError(Refusal, ValueError):
+    """The training set and the target cannot be used together (or the target's own files say something this stage
+    cannot use): the message names the stage to re-run."""
 
 
 @dataclass
@@ -82,11 +83,11 @@ class Run:
     dataset: datasets.Dataset
     plan: BatchPlan
     steps_total: int
+    warmup: int  # steps of linear warmup (draftline.core.schedule.lr_at)
     skips: Skips
     target: torch.nn.Module | None = None
     drafter: DFlashDrafter | None = None
     optimizer: torch.optim.Optimizer | None = None
-    scheduler: Any = None
     autocast: bool = False
     features: FeatureCache | None = None
 
@@ -111,9 +112,9 @@ class Run:
         return collate(self.dataset, rows, self.cfg.max_length, self.info.pad_token_id or 0).to(self.d.device)
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(Refusal, FloatingPointError):
     """A step whose loss or gradient is NaN or inf, past ``train.skip_nonfinite``: the message names the step and
-    the batch's rows, and the last good state is saved before it is raised."""
+    the batch's rows and what to change, and the last good state is saved before it is raised."""
 
 
 @dataclass
@@ -147,35 +148,39 @@ def _setup_dist() -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), device)
 
 
-def train(cfg: TrainParams, paths: Paths = Paths()) -> dict[str, Any]:
-    """Train to the end (resuming from the newest state of the same inputs) and write the outputs."""
-    started = time.perf_counter()
+def train(cfg: TrainParams, args: TrainArgs, stage: StageRun) -> None:
+    """Train to the end (resuming from the newest state of the same inputs), write the checkpoint and the loss
+    curve, and fill ``stage``. The resumable states live in the scratch root of :mod:`draftline.core.scratch`
+    (``$DRAFTLINE_CACHE``, else the repository's ``.draftline/cache``)."""
     d = _setup_dist()
     try:
         with torch_threads(cfg.threads):
-            run = prepare(cfg, paths, d)
+            stage.skips.strict = cfg.strict
+            run = prepare(cfg, args.merged, args.target, d, stage.skips)
             build(run)
             cache_features(run)
             check = check_memory(run)
-            key = state_key(asdict(cfg), NOT_IN_KEY, dataset_digest(paths.merged), run.info.to_dict(),
+            key = state_key(asdict(cfg), NOT_IN_KEY, dataset_digest(args.merged), run.info.to_dict(),
                             code_digest("draftline.core", "draftline.drafter", "draftline.train"))
-            folder = scratch_dir("train", key, paths.cache_root)
+            folder = scratch_dir("train", key)
             progress = resume(run, folder)
+            resumed_at = progress.step
             fit(run, progress, folder)
-            return finish(run, progress, check, paths, started)
+            finish(run, progress, check, args, stage)
+            stage.run.update(resumed_at_step=resumed_at, states=str(folder))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def prepare(cfg: TrainParams, paths: Paths, d: Dist) -> Run:
-    """The target's description, the training set and its batch plan; the number of steps."""
-    info = load_target(paths.target_dir)
-    dataset, order, meta = load_training_set(paths.merged)
+def prepare(cfg: TrainParams, merged: Path, target: Path, d: Dist, skips: Skips) -> Run:
+    """The target's description (``target``: its target.json), the training set and its batch plan (rows unable
+    to train counted in ``skips``); the number of steps."""
+    info = load_target(target)
+    dataset, order, meta = load_training_set(merged)
     if meta.tokenizer_fingerprint != info.tokenizer_fingerprint:
-        raise ValueError(f"{paths.merged} was made with another tokenizer than {paths.target_dir} describes: "
-                         "re-run tokenize and merge for this target")
-    skips = Skips(log, strict=cfg.strict)
+        raise TrainInputError(f"{merged} was made with another tokenizer than {target} describes: "
+                              "re-run tokenize and merge for this target")
     plan = BatchPlan(
         dataset, order, max_length=cfg.max_length, max_tokens_per_batch=cfg.max_tokens_per_batch,
         seed=cfg.seed, world_size=d.world, skips=skips,
@@ -184,7 +189,8 @@ def prepare(cfg: TrainParams, paths: Paths, d: Dist) -> Run:
         "no two consecutive supervised tokens": f"raise train.max_length ({cfg.max_length}) if the cut falls before "
                                                 "the rows' replies, else check the tokenize stage's loss masks"})
     steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.epochs * plan.steps_per_epoch))
-    return Run(cfg, d, info, meta, dataset, plan, steps, skips)
+    warmup = max(1, math.ceil(cfg.warmup_ratio * steps))
+    return Run(cfg, d, info, meta, dataset, plan, steps, warmup, skips)
 
 
 def lineage(meta: DatasetMeta) -> dict[str, Any]:
@@ -200,21 +206,22 @@ def build(run: Run) -> None:
     dtype = torch.bfloat16 if run.autocast else torch.float32
     run.target = load_model(run.info, dtype=dtype, device=d.device).requires_grad_(False)
     n_target = run.target.config.get_text_config().num_hidden_layers
-    layer_ids = (list(cfg.target_layers) if isinstance(cfg.target_layers, list)
-                 else build_target_layer_ids(n_target, cfg.target_layers))
-    config = make_config(run.target.config, num_layers=cfg.drafter_layers, block_size=cfg.block_size,
-                         mask_token_id=run.meta.mask_token_id, target_layer_ids=layer_ids,
-                         lineage=lineage(run.meta))
+    try:
+        layer_ids = (list(cfg.target_layers) if isinstance(cfg.target_layers, list)
+                     else build_target_layer_ids(n_target, cfg.target_layers))
+        config = make_config(run.target.config, num_layers=cfg.drafter_layers, block_size=cfg.block_size,
+                             mask_token_id=run.meta.mask_token_id, target_layer_ids=layer_ids,
+                             lineage=lineage(run.meta))
+    except DrafterMismatch as e:
+        raise ParamsError(f"params.yaml: train.target_layers ({cfg.target_layers}) does not fit this target: "
+                          f"{e}") from None
     torch.manual_seed(cfg.seed)
     run.drafter = DFlashDrafter(config).bind(run.target).to(d.device)
     if not 0 <= run.meta.mask_token_id < run.drafter.shared.embed.weight.shape[0]:
-        raise ValueError(f"mask_token_id {run.meta.mask_token_id} is not a row of the target's embedding")
-    run.optimizer = torch.optim.AdamW(run.drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+        raise TrainInputError(f"the training set's mask_token_id {run.meta.mask_token_id} is not a row of the "
+                              "target's embedding: re-run tokenize and merge for this target")
+    run.optimizer = torch.optim.AdamW(run.drafter.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                       weight_decay=cfg.weight_decay)
-    warmup = max(1, math.ceil(cfg.warmup_ratio * run.steps_total))
-    run.scheduler = torch.optim.lr_scheduler.LambdaLR(
-        run.optimizer, lambda s: lr_factor(s, run.steps_total, warmup, cfg.min_lr_ratio)
-    )
 
 
 def cache_features(run: Run) -> None:
@@ -240,14 +247,6 @@ def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
     """The anchor RNG of one step on one rank: a function of (seed, step, rank), so resuming restores it exactly."""
     key = xxhash.xxh64_intdigest(f"{seed}/{step}/{rank}".encode()) & ((1 << 63) - 1)
     return torch.Generator().manual_seed(key)
-
-
-def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
-    """Linear warmup to 1, then cosine decay to ``min_ratio``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def _shapes(target: torch.nn.Module, drafter: DFlashDrafter, act_bytes: int, cached: int) -> Shapes:
@@ -303,7 +302,6 @@ def resume(run: Run, folder: Path) -> Progress:
         return progress
     run.drafter.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
     progress = Progress(state["step"], state["history"], state["window"].numpy(), state["tokens"], state["seconds"],
                         state["nonfinite"])
     if run.d.main:
@@ -341,20 +339,23 @@ def fit(run: Run, progress: Progress, folder: Path) -> None:
 
 def save(run: Run, folder: Path, step: int, progress: Progress) -> None:
     save_state(folder, step, {"model": run.drafter.state_dict(), "optimizer": run.optimizer.state_dict(),
-                              "scheduler": run.scheduler.state_dict(), **progress.state()})
+                              **progress.state()})
 
 
 def train_step(run: Run, model: torch.nn.Module, step: int) -> tuple[torch.Tensor, float, float]:
     """One optimiser step; returns ``[loss, tokens, correct per position, counted per position]`` (summed over
-    ranks, loss averaged), the learning rate used and the gradient norm before clipping. A non-finite loss or
-    gradient norm (on any rank: the sums carry it) leaves the weights as they were: no optimiser step is taken."""
+    ranks, loss averaged), the learning rate used (``lr_at`` of this step) and the gradient norm before clipping.
+    A non-finite loss or gradient norm (on any rank: the sums carry it) leaves the weights as they were: no optimiser
+    step is taken."""
+    lr = lr_at(step, run.cfg.lr, run.steps_total, run.warmup, run.cfg.min_lr_ratio)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
     rows = run.plan.batch_rows(step, run.d.rank)
     batch = run.batch(rows)
     stats = run.loss(model, rows, batch, step_generator(run.cfg.seed, step, run.d.rank))
     run.optimizer.zero_grad(set_to_none=True)
     stats.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), run.cfg.grad_clip)
-    lr = run.scheduler.get_last_lr()[0]
     row = torch.cat([torch.tensor([stats.loss.item(), float(batch.num_tokens), float(grad_norm)]),
                      stats.correct.cpu(), stats.counted.cpu()])
     if run.d.world > 1:
@@ -364,7 +365,6 @@ def train_step(run: Run, model: torch.nn.Module, step: int) -> tuple[torch.Tenso
     if math.isfinite(float(row[0])) and math.isfinite(float(row[2])):
         run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
     grad_norm = float(row[2])
     return torch.cat([row[:2], row[3:]]), lr, grad_norm
 
@@ -388,7 +388,7 @@ def skip_nonfinite(run: Run, progress: Progress, folder: Path, step: int, loss: 
 
 
 def _history_row(step: int, steps_per_epoch: int, lr: float, grad_norm: float, window: np.ndarray, B: int) -> dict:
-    """One line of plots/train_loss.csv: means over the steps since the previous line."""
+    """One line of the loss curve (the stage's ``--plot``): means over the steps since the previous line."""
     correct, counted = window[:, 2 : 2 + B].sum(0), window[:, 2 + B :].sum(0)
     return {
         "step": step,
@@ -406,41 +406,47 @@ def checkpoint_dtype(info: TargetInfo) -> torch.dtype:
     name = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype")
     dtype = getattr(torch, str(name), None) if name else torch.float32
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"{info.path}/config.json names dtype {name!r}, which is not a torch float dtype")
+        raise TrainInputError(f"{info.path}/config.json names dtype {name!r}, which is not a torch float dtype: "
+                              "point target.path at a checkpoint of float weights")
     return dtype
 
 
-def finish(run: Run, progress: Progress, check: Preflight, paths: Paths, started: float) -> dict[str, Any]:
-    """The metrics; on rank 0 also the checkpoint, the loss curve and metrics/train.json."""
+def finish(run: Run, progress: Progress, check: Preflight, args: TrainArgs, stage: StageRun) -> None:
+    """Fill ``stage`` (every rank: their figures are the same); on rank 0 also write the checkpoint and the loss curve.
+
+    Headline: ``steps``, ``rows``, ``final_loss`` and ``accuracy_pos1`` (means over the last tenth of the history).
+    Report: those and every other deterministic figure. Run file: the speed and time, which vary between runs."""
     cfg, plan, history = run.cfg, run.plan, progress.history
     tail = history[-max(1, len(history) // 10):]
-    metrics = {
-        "steps": run.steps_total,
-        "epochs": round(run.steps_total / plan.steps_per_epoch, 4),
-        "rows": int(len(plan.rows)),
-        "rows_skipped": run.skips.as_dict(),
-        "loss_tokens_kept": plan.stats.kept_loss_tokens,
-        "loss_tokens_cut": plan.stats.cut_loss_tokens,
-        "first_loss": history[0]["loss"],
-        "final_loss": round(float(np.mean([h["loss"] for h in tail])), 6),
-        "final_accuracy_pos1": round(float(np.mean([h["accuracy_pos1"] for h in tail])), 6),
-        "train_tokens": progress.tokens,
-        "nonfinite_batches_skipped": progress.nonfinite,
-        "tokens_per_s": round(progress.tokens / max(progress.seconds, 1e-9), 1),
-        "train_seconds": round(progress.seconds, 2),
-        "drafter_params": sum(p.numel() for p in run.drafter.parameters()),
-        "target_layer_ids": list(run.drafter.target_layer_ids),
-        "block_size": cfg.block_size,
-        "preflight": check.as_dict(),
-        "target_features": "cached" if run.features is not None else "online",
-        "feature_cache_gb": round(run.feature_bytes / GB, 4),
-        "stage_seconds": round(time.perf_counter() - started, 2),
-    }
+    stage.headline.update(
+        steps=run.steps_total,
+        rows=int(len(plan.rows)),
+        final_loss=round(float(np.mean([h["loss"] for h in tail])), 6),
+        accuracy_pos1=round(float(np.mean([h["accuracy_pos1"] for h in tail])), 6),
+    )
+    stage.details.update(
+        **stage.headline,
+        epochs=round(run.steps_total / plan.steps_per_epoch, 4),
+        loss_tokens_kept=plan.stats.kept_loss_tokens,
+        loss_tokens_cut=plan.stats.cut_loss_tokens,
+        first_loss=history[0]["loss"],
+        train_tokens=progress.tokens,
+        nonfinite_batches_skipped=progress.nonfinite,
+        drafter_params=sum(p.numel() for p in run.drafter.parameters()),
+        target_layer_ids=list(run.drafter.target_layer_ids),
+        block_size=cfg.block_size,
+        preflight=check.as_dict(),
+        target_features="cached" if run.features is not None else "online",
+        feature_cache_gb=round(run.feature_bytes / GB, 4),
+    )
+    stage.run.update(
+        tokens_per_s=round(progress.tokens / max(progress.seconds, 1e-9), 1),
+        train_seconds=round(progress.seconds, 2),
+    )
     if run.d.main:
         # Saved in the target's dtype (fp32 master weights stay in the resumable states): servers and z-lab's
         # loader run a drafter beside a bf16 target in bf16, and SGLang's --dtype auto reads it from config.json.
-        run.drafter.save_pretrained(paths.checkpoint, dtype=checkpoint_dtype(run.info))
-        write_csv(paths.plot, history, columns=list(history[0]))
-        write_json(paths.metrics, metrics)
-        log.info("trained %d steps in %.1fs; final loss %.4f", run.steps_total, progress.seconds, metrics["final_loss"])
-    return metrics
+        run.drafter.save_pretrained(args.out, dtype=checkpoint_dtype(run.info))
+        write_csv(args.plot, history, columns=list(history[0]))
+        log.info("trained %d steps in %.1fs; final loss %.4f", run.steps_total, progress.seconds,
+                 stage.headline["final_loss"])

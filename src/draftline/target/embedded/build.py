@@ -42,13 +42,15 @@ from transformers import (
 )
 
 from draftline.core.chat import render
+from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
 from draftline.core.records import Conversation
+from draftline.core.schedule import lr_at
 from draftline.core.skips import Skips
 from draftline.core.threads import torch_threads
 from draftline.core.tool_calls import split_tool_calls
-from draftline.target.embedded.params import EmbeddedParams
 from draftline.target.embedded.tokenizer import EOS, PAD, render_corpus, train_tokenizer
+from draftline.target.params import EmbeddedParams
 
 log = get_logger("target.embedded")
 
@@ -158,21 +160,13 @@ def _model_config(spec: EmbeddedParams, tok: PreTrainedTokenizerFast) -> Qwen3Co
     )
 
 
-def _lr_at(step: int, spec: EmbeddedParams) -> float:
-    """Linear warmup, then cosine decay to a tenth of the peak."""
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
-    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-    return spec.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
-
-
 def _train(model: Qwen3ForCausalLM, batches: _SourceBatches, spec: EmbeddedParams) -> list[dict[str, Any]]:
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=tuple(spec.adam_betas), weight_decay=spec.weight_decay)
     curve = []
     model.train()
     for step in tqdm(range(spec.steps), desc="target: training", unit="step"):
         ids, labels, mask = batches.next()
-        lr = _lr_at(step, spec)
+        lr = lr_at(step, spec.lr, spec.steps, spec.warmup_steps, spec.min_lr_ratio)
         for group in opt.param_groups:
             group["lr"] = lr
         # The lm_head only where a reply token is predicted: most positions are prompt.
@@ -180,7 +174,7 @@ def _train(model: Qwen3ForCausalLM, batches: _SourceBatches, spec: EmbeddedParam
         supervised = labels != IGNORE
         loss = F.cross_entropy(model.lm_head(hidden[supervised]), labels[supervised])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         curve.append({"step": step + 1, "loss": round(loss.item(), 5), "lr": round(lr, 8),
@@ -276,14 +270,14 @@ def build_embedded_target(
     out_dir = Path(out_dir)
     pairs = list(render_corpus(conversations, skips))
     if not pairs:
-        raise ValueError("the embedded target has no conversations to learn from; check the sources and their adapters")
+        raise Refusal("the embedded target has no conversations to learn from; check the sources and their adapters")
     kept, texts = [c for c, _ in pairs], [t for _, t in pairs]
     # The vocabulary is learnt from every conversation (a real tokenizer has seen any text); the model is not.
     tok = train_tokenizer(texts, spec.vocab_size, spec.max_position_embeddings)
     held = held_out(kept, spec.held_out)
     examples = training_examples(tok, [c for c in kept if (c.source, c.row) not in held], spec.max_len, skips)
     if not examples:
-        raise ValueError("no conversation has a first exchange the embedded target can learn: check the sources")
+        raise Refusal("no conversation has a first exchange the embedded target can learn: check the sources")
     corpus_tokens = sum(len(e) for exs in examples.values() for e in exs)
     reply_tokens = sum(len(e.reply) for exs in examples.values() for e in exs)
     log.info("corpus: %d first exchanges, %d tokens (%d of replies), %d sources",

@@ -1,10 +1,11 @@
-"""``params.yaml: target.embedded``: the size and training budget of the embedded target (no torch import here)."""
+"""The target stage's params: ``target`` of params.yaml, and ``target.embedded`` (the size and training budget of
+the embedded target). No torch import here: a real checkpoint's run never loads the build."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftline.core.params import Params, ParamsError
+from draftline.core.params import Params, ParamsError, optional
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class EmbeddedParams(Params):
     steps: int
     lr: float
     warmup_steps: int
+    min_lr_ratio: float
+    weight_decay: float
+    adam_betas: list[float]
+    grad_clip: float
     threads: int
     held_out: int
     greedy_tokens: int
@@ -36,5 +41,23 @@ class EmbeddedParams(Params):
             raise ParamsError(f"params.yaml: {where}.source_weights maps source names to weights >= 0")
         if self.num_layers < 4:
             raise ParamsError(f"params.yaml: {where}.num_layers must be >= 4: the drafter taps several target layers")
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ParamsError(f"params.yaml: {where}.adam_betas must be two numbers in [0, 1), not {self.adam_betas}")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ParamsError(f"params.yaml: {where}: hidden_size must divide by num_heads, num_heads by num_kv_heads")
+
+
+@dataclass(frozen=True)
+class TargetParams(Params):
+    """``params.yaml: target`` (documented there and in docs/target.md)."""
+
+    path: str
+    mask_token_id: int | None
+    hash_weights: bool
+    seed: int
+    # Read only for the embedded target: a real checkpoint's params.yaml may leave it out.
+    embedded: EmbeddedParams | None = optional()
+
+
+def load(_args=None) -> TargetParams:
+    return TargetParams.load("target")

@@ -1,0 +1,38 @@
+"""The journal key: what decides a result, hashed into the name of the journal's scratch folder.
+
+Invariants:
+
+- **Exactly what decides a result, nothing else.** The target (its tokenizer and model fingerprints; its path when
+  it has no model fingerprint), the sampling params, the thinking mode and the backend; for the ``local`` backend
+  also its settings but ``workers`` (``device: auto`` resolved: the device decides float results, so the key names
+  the one actually used) and draftline's generation code, which then computes the replies. Transport settings
+  (endpoints, concurrency, retries, timeouts, the API key) never enter it: changing them resumes the same journal.
+- **Its content never changes for the same settings.** A changed key orphans the users' journals (hours of SGLang
+  results); a server's replies do not depend on draftline's code, so no edit of it throws them away.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftline.core.fingerprint import code_digest
+from draftline.core.records import TargetInfo
+from draftline.generate.params import GenerateParams
+
+
+def journal_decides(s: GenerateParams, info: TargetInfo) -> dict[str, Any]:
+    """The journal key's content (``key.json`` beside the journal records it)."""
+    decides: dict[str, Any] = {
+        "target": {"tokenizer_fingerprint": info.tokenizer_fingerprint,
+                   "model_fingerprint": info.model_fingerprint or f"path:{info.path}"},
+        "sampling": s.sampling, "enable_thinking": s.enable_thinking, "backend": s.backend,
+    }
+    if s.backend == "local":
+        local = s.local_dict()
+        if local["device"] == "auto":
+            import torch
+
+            local["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        decides["local"] = local
+        decides["code"] = code_digest("draftline.core", "draftline.generate")
+    return decides

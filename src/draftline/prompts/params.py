@@ -1,0 +1,92 @@
+"""The prompt stage's params: ``prompts``, ``dedup`` and ``blend`` of params.yaml, the names of ``sources`` (their
+order is the row order and the dedup tie-break) and ``generate.enable_thinking`` (token costs render prompts as
+generation will), loaded together as :class:`PromptsSettings`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from draftline.core.params import Params, ParamsError, load_section, load_value, optional
+
+# samples: rows; tokens: prompt + reference-answer tokens under the target tokenizer.
+Unit = Literal["samples", "tokens"]
+
+@dataclass(frozen=True)
+class PromptsParams(Params):
+    """``params.yaml: prompts``."""
+
+    turns: Literal["first", "all"]
+    strict: bool
+
+
+@dataclass(frozen=True)
+class NearParams(Params):
+    """``params.yaml: dedup.near``."""
+
+    enabled: bool
+    threshold: float
+    num_perm: int
+    ngram: int
+    seed: int
+    exact_numbers: list[str]
+
+    def validate(self, where: str) -> None:
+        if not 0.0 < self.threshold <= 1.0 or self.num_perm < 1 or self.ngram < 1:
+            raise ParamsError(f"params.yaml: {where}: threshold must be in (0, 1], num_perm and ngram >= 1")
+
+
+@dataclass(frozen=True)
+class DedupParams(Params):
+    """``params.yaml: dedup``."""
+
+    priority: list[str]
+    near: NearParams
+
+
+@dataclass(frozen=True)
+class BlendSource(Params):
+    """``blend.sources.<name>``: ``whole: true`` (taken in full) or ``weight: w`` (its share of the rest)."""
+
+    whole: bool | None = optional()
+    weight: float | None = optional()
+
+    def validate(self, where: str) -> None:
+        if self.whole and self.weight is not None:
+            raise ParamsError(f"params.yaml: {where}: give 'whole: true' or 'weight', not both")
+        if self.weight is not None and (self.weight < 0 or not math.isfinite(self.weight)):
+            raise ParamsError(f"params.yaml: {where}.weight must be >= 0, not {self.weight}")
+
+
+@dataclass(frozen=True)
+class BlendParams(Params):
+    """``params.yaml: blend``."""
+
+    total: int
+    unit: Unit
+    seed: int
+    eval_per_source: int
+    sources: dict[str, BlendSource]
+
+    def validate(self, where: str) -> None:
+        for key in ("total", "eval_per_source", "seed"):
+            if getattr(self, key) < 0:
+                raise ParamsError(f"params.yaml: {where}.{key} must be a non-negative integer, not {getattr(self, key)}")
+
+
+
+@dataclass(frozen=True)
+class PromptsSettings:
+    """Everything the prompt stage reads from params.yaml (dvc.yaml lists the same keys under its ``params``)."""
+
+    sources: list[str]
+    prompts: PromptsParams
+    dedup: DedupParams
+    blend: BlendParams
+    enable_thinking: bool
+
+
+def load(_args: object = None) -> PromptsSettings:
+    return PromptsSettings(list(load_section("sources")), PromptsParams.load("prompts"), DedupParams.load("dedup"),
+                           BlendParams.load("blend"), load_value("generate.enable_thinking", bool))
