@@ -84,7 +84,7 @@ def execute(name: str, run: Callable[[P, A, StageRun], None], params: P, args: A
         write_json(metrics, {**stage.headline, "skipped": stage.skips.total})
     write_json(args.report, {**stage.details, "skips": stage.skips.as_dict()})
     write_json(run_file(args.report), stage.run)
-    get_logger(name).info("%s done in %.1f s: %s", name, stage.run["stage_seconds"],
+    get_logger(name).info("done in %.1f s: %s", stage.run["stage_seconds"],
                           ", ".join(f"{k} {v}" for k, v in sorted(stage.headline.items())))
     return stage
 
