@@ -22,10 +22,10 @@ from draftline.core.records import PromptRecord
 from draftline.core.runner import execute, run_file
 from draftline.core.skips import Skips
 from draftline.core.target import load_target
+from draftline.drafter.decoding import Generation
 from draftline.drafter.model import DFlashDrafter, DrafterMismatch, build_target_layer_ids, make_config
 from draftline.evaluate.params import EvalParams
 from draftline.evaluate.report import headline
-from draftline.evaluate.speculative import Generation
 from draftline.evaluate.stage import (
     EvalArgs,
     PromptResult,

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from draftline.evaluate.speculative import Generation
+from draftline.drafter.decoding import Generation
 
 ACCEPTANCE_COLUMNS = ["position", "steps", "accepted", "accept_rate", "conditional_rate"]
 

@@ -28,6 +28,7 @@ from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target, load_tokenizer
 from draftline.core.threads import torch_threads
+from draftline.drafter.decoding import DFlashProposer, Proposer, greedy_generate, speculative_generate
 from draftline.drafter.model import DFlashDrafter, DrafterMismatch, lineage_of
 from draftline.evaluate.params import EvalParams
 from draftline.evaluate.report import (
@@ -37,7 +38,6 @@ from draftline.evaluate.report import (
     headline,
     summarize,
 )
-from draftline.evaluate.speculative import DFlashProposer, Proposer, greedy_generate, speculative_generate
 
 log = get_logger(__name__)
 
