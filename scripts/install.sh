@@ -9,3 +9,6 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 python -m pip install -q "${DRAFTLINE_TORCH:-torch==2.13.0}"
 python -m pip install -q -e '.[dev]'
+# z-lab's own DFlash package, the referee of the evaluate and drafter tests (tests/evaluate/test_referee.py): its
+# pins (transformers 5.15, datasets 5.0.1) conflict with ours and its model code needs neither, so no deps.
+python -m pip install -q --no-deps dflash==0.1.0

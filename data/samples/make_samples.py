@@ -900,6 +900,49 @@ MAKERS = {
 }
 
 
+# ------------------------------------------------------------------ benchmark sets (evaluate.sets)
+
+def make_gsm8k(rng: random.Random, n: int = 8) -> list[dict[str, Any]]:
+    """openai/gsm8k (main, test): ``question`` and ``answer`` (worked solution, then ``#### <number>``)."""
+    rows = []
+    for _ in range(n):
+        t = rng.randrange(len(GSM))
+        slots = gsm_slots(rng, t)
+        rows.append({"question": GSM[t].question.format(**slots),
+                     "answer": GSM[t].steps.format(**slots) + f"\n#### {slots['ans']}"})
+    return rows
+
+
+def make_mt_bench(rng: random.Random, n: int = 8) -> list[dict[str, Any]]:
+    """HuggingFaceH4/mt_bench_prompts (train): ``prompt`` is a list of two user turns, the second building on the
+    reply to the first; ``category`` and ``reference`` (answers for math and coding, else empty)."""
+    rows = []
+    for i in range(n):
+        if rng.random() < 0.5:
+            topic = pick(rng, sorted(GOALS))
+            turns = [f"Give me some tips for {topic}.", "Now rewrite your answer as a short list of three points."]
+            category = "writing"
+        else:
+            q, _, _ = math_problem(rng)
+            turns = [q, "Explain the same solution to a ten-year-old."]
+            category = "math"
+        rows.append({"prompt": turns, "prompt_id": 81 + i, "category": category, "reference": []})
+    return rows
+
+
+BENCHMARKS = {"gsm8k": make_gsm8k, "mt_bench": make_mt_bench}
+
+
+def write_benchmarks(out: Path) -> None:
+    """benchmarks/<set>.jsonl: small stand-ins for the sets model cards report, in their real schemas."""
+    (out / "benchmarks").mkdir(exist_ok=True)
+    for i, (name, make) in enumerate(BENCHMARKS.items()):
+        rows = make(random.Random(SEED + 100 + i))
+        (out / "benchmarks" / f"{name}.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        print(f"benchmarks/{name}: {len(rows)} lines")
+
+
 def main(out: Path = HERE) -> None:
     out.mkdir(parents=True, exist_ok=True)
     manifest = {}
@@ -908,6 +951,7 @@ def main(out: Path = HERE) -> None:
         manifest[name] = {"rows": rows, "quirks": dict(sorted(quirks.items()))}
         print(f"{name}: {rows} lines, {(out / f'{name}.jsonl').stat().st_size / 1e6:.2f} MB")
     (out / "quirks.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    write_benchmarks(out)
 
 
 if __name__ == "__main__":

@@ -18,27 +18,20 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from draftline.core.errors import MissingInput, Refusal
 from draftline.core.logs import get_logger
-from draftline.core.records import PromptRecord
+from draftline.core.records import Conversation, PromptRecord, read_prompts
 from draftline.core.runner import execute, run_file
 from draftline.core.skips import Skips
 from draftline.core.target import load_target
 from draftline.drafter.decoding import Generation
 from draftline.drafter.model import DFlashDrafter, DrafterMismatch, build_target_layer_ids, make_config
 from draftline.evaluate.params import EvalParams
-from draftline.evaluate.report import headline
-from draftline.evaluate.stage import (
-    EvalArgs,
-    PromptResult,
-    acceptance_by_position,
-    load_eval_prompts,
-    render_prompt,
-    run_evaluate,
-    summarize,
-)
+from draftline.evaluate.report import TurnResult, acceptance_by_position, headline, summarize_setting
+from draftline.evaluate.requests import heldout_requests
+from draftline.evaluate.stage import EvalArgs, render_prompt, run_evaluate
 from draftline.target.describe import describe_target
 
 REPO = Path(__file__).resolve().parents[2]
-HEADLINE = {"tau", "tau_min", "lossless", "skipped"}
+HEADLINE = {"greedy", "sampled", "lossless", "skipped"}
 
 
 def prompt(i: int, source: str, text: str, tools=None) -> PromptRecord:
@@ -72,16 +65,21 @@ def tiny_target_dir(tokenizer, tmp_path_factory):
     return d
 
 
-def eval_params(**overrides) -> EvalParams:
-    return EvalParams.parse(default_params("evaluate", **overrides), "evaluate")
+def eval_params(sets: dict | None = None, **overrides) -> EvalParams:
+    """The repository's evaluate params with ``overrides``; ``sets`` replaces the benchmark sets (none by default:
+    most tests decode held-out prompts only)."""
+    values = default_params("evaluate", **overrides)
+    values["sets"] = sets or {}
+    return EvalParams.parse(values, "evaluate")
 
 
 def eval_args(target_dir: Path, checkpoint: Path, prompts: Path, out: Path) -> EvalArgs:
-    """The stage's paths as dvc.yaml passes them: the target.json file, the drafter's folder, eval.jsonl; the
-    metrics, report and plot under ``out``."""
+    """The stage's paths as dvc.yaml passes them: the target.json file, the drafter's folder, eval.jsonl, the sets'
+    conversations; the metrics, report and plots under ``out``."""
     return EvalArgs(target=target_dir / "target.json", checkpoint=checkpoint, prompts=prompts,
-                    metrics=out / "metrics" / "eval.json", report=out / "reports" / "eval.json",
-                    plot=out / "plots" / "acceptance.csv")
+                    sets=out / "sets", metrics=out / "metrics" / "eval.json", report=out / "reports" / "eval.json",
+                    positions=out / "plots" / "acceptance", lengths=out / "plots" / "acceptance_lengths",
+                    steps=out / "plots" / "eval_steps.jsonl")
 
 
 def evaluate(params: EvalParams, args: EvalArgs):
@@ -91,7 +89,7 @@ def evaluate(params: EvalParams, args: EvalArgs):
 def test_render_matches_the_servers_render(tokenizer):
     rec = prompt(0, "hermes_fc", "What is the weather in Paris?", tools=[WEATHER_TOOL])
     for thinking in (False, True):
-        ids = render_prompt(tokenizer, rec, thinking)
+        ids = render_prompt(tokenizer, rec.messages, rec.tools, thinking)
         server = tokenizer.apply_chat_template(
             rec.messages, tools=rec.tools, add_generation_prompt=True, enable_thinking=thinking, tokenize=False
         )
@@ -106,67 +104,114 @@ def test_prompt_selection_caps_each_source_and_counts_bad_lines(tmp_path):
     lines[1:1] = ["{not json", json.dumps({"id": "x", "source": "a", "row": 9, "messages": []})]
     path.write_text("\n".join(lines) + "\n")
     skips = Skips(get_logger("test"))
-    recs = load_eval_prompts(path, max_per_source=2, skips=skips)
-    assert [r.id for r in recs] == ["a-0", "a-1", "b-0"]
+    reqs = heldout_requests(read_prompts(path, skips), max_per_source=2)
+    assert [r.id for r in reqs] == ["a-0", "a-1", "b-0"]
+    assert all(r.set == "heldout" and len(r.turns) == 1 for r in reqs)
     assert skips.as_dict() == {"invalid JSON": 1, "no messages": 1}
 
 
-def fake(source: str, tokens: list[int], accepted: list[int], produced: list[int], drafted: int = 3) -> Generation:
+def fake(tokens: list[int], accepted: list[int], produced: list[int], drafted: int = 3) -> Generation:
     return Generation(tokens, "length", 1 + len(produced), [drafted] * len(produced), accepted, produced)
 
 
-def test_metrics_and_acceptance_plot_from_known_steps():
-    # Block 4: prompt 1 had steps accepting 3, 1, 0 drafts; prompt 2 accepted 2, then 3 cut at max_new_tokens.
-    one = fake("a", list(range(8)), accepted=[3, 1, 0], produced=[4, 2, 1])
-    two = fake("b", list(range(6)), accepted=[2, 3], produced=[3, 2])  # step 2 cut from 4 tokens to 2
+def turn(id_: str, source: str, spec: Generation, base: Generation | None, set_: str = "heldout") -> TurnResult:
+    return TurnResult("greedy", set_, source, id_, 0, 5, spec, base)
+
+
+def test_both_figures_histogram_and_plot_from_known_steps():
+    # Block 4: turn 1 had steps accepting 3, 1, 0 drafts; turn 2 accepted 2, then 3 cut at max_new_tokens.
+    one = fake(list(range(8)), accepted=[3, 1, 0], produced=[4, 2, 1])
+    two = fake(list(range(6)), accepted=[2, 3], produced=[3, 2])  # step 2 cut from 4 tokens to 2
     base1 = Generation(list(range(8)), "length", 8)
     base2 = Generation([9] * 6, "length", 6)  # differs: a lossless failure
-    results = [PromptResult("p1", "a", 5, base1, one), PromptResult("p2", "b", 5, base2, two)]
-    m = summarize(results, 4, 128, False)
-    assert m["tau"] == round(12 / 5, 4)
-    assert m["tau_per_source"] == {"a": round(7 / 3, 4), "b": 2.5}
-    assert headline(m) == {"tau": 2.4, "tau_min": round(7 / 3, 4), "lossless": 0.5}
-    assert m["lossless"] == 0.5 and m["mismatched_prompts"] == ["p2"]
-    assert m["target_forwards"] == {"with_drafter": 4 + 3, "without_drafter": 14, "saved_fraction": 0.5}
-    rows = acceptance_by_position(results, 4)
+    s = summarize_setting([turn("p1", "a", one, base1), turn("p2", "b", two, base2)], 4)
+    # Pooled: 12 tokens over 5 steps; z-lab's: the mean of the turns' means, (7/3 + 5/2) / 2.
+    assert s["tau"] == 2.4 and s["acceptance"] == round((7 / 3 + 2.5) / 2, 4)
+    assert s["per_source"]["a"] == {"tau": round(7 / 3, 4), "acceptance": round(7 / 3, 4), "turns": 1, "steps": 3}
+    assert s["histogram"] == [0.0, 0.2, 0.4, 0.2, 0.2]
+    assert s["lossless"] == 0.5 and s["mismatched"] == ["p2#0"]
+    assert s["target_forwards"] == {"with_drafter": 4 + 3, "without_drafter": 14, "saved_fraction": 0.5}
+    report = {"settings": {"greedy": s}}
+    assert headline(report) == {"greedy": {"acceptance": {"heldout": s["acceptance"]}, "tau": 2.4,
+                                           "acceptance_min_source": round(7 / 3, 4)}, "lossless": 0.5}
+    rows = acceptance_by_position([turn("p1", "a", one, None), turn("p2", "b", two, None)], 4)
     # accepted per step: 3, 1, 0, 2, 3 -> position 1: 4/5, 2: 3/5 (3 of the 4 that reached it), 3: 2/5 (2 of 3)
     assert [(r["position"], r["accepted"], r["accept_rate"], r["conditional_rate"]) for r in rows] == [
         (1, 4, 0.8, 0.8), (2, 3, 0.6, 0.75), (3, 2, 0.4, round(2 / 3, 4))
     ]
 
 
-def test_evaluate_stage_is_lossless_with_an_untrained_drafter(tiny_target_dir, tmp_path):
+def write_set(root: Path, name: str, convs: list[Conversation]) -> None:
+    path = root / "sets" / name / "conversations.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(c.to_json() + "\n" for c in convs))
+
+
+def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp_path):
     prompts = tmp_path / "eval.jsonl"
     recs = [prompt(0, "chat", "Say hello."), prompt(1, "chat", "Name three colours."), prompt(2, "chat", "extra"),
             prompt(0, "tools", "Weather in Oslo?", tools=[WEATHER_TOOL]), prompt(1, "long", "word " * 300)]
     prompts.write_text("".join(r.to_json() + "\n" for r in recs))
-    params = eval_params(max_new_tokens=12, max_prompts_per_source=2, max_prompt_tokens=200)
+    two_turns = [{"role": "user", "content": "Tips for sleep?"}, {"role": "user", "content": "Shorter, please."}]
+    write_set(tmp_path, "bench", [Conversation("bench", 0, two_turns), Conversation("bench", 1, [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "content": "4"}])])
+    params = eval_params(sets={"bench": {"path": "unused", "adapter": "mt_bench"}}, max_new_tokens=12,
+                         max_prompts_per_source=2, max_prompt_tokens=200)
     args = eval_args(tiny_target_dir, tiny_target_dir / "checkpoints", prompts, tmp_path)
     stage = evaluate(params, args)
-    m = stage.details
-    assert m["lossless"] == 1.0
-    assert m["n_prompts"] == 3 and m["n_prompts_per_source"] == {"chat": 2, "tools": 1}
-    assert stage.skips.as_dict() == {"prompt longer than max_prompt_tokens": 1}
-    fw = m["target_forwards"]
-    assert fw["with_drafter"] == 3 + m["verification_steps"]
-    assert fw["without_drafter"] == m["generated_tokens"] == 3 * 12  # a random target never says <|im_end|> this soon
-    assert m["tau"] == round((m["generated_tokens"] - 3) / m["verification_steps"], 4) >= 1.0
-    # The headline: tau, the lowest source's tau, lossless and the skips; the report holds every figure.
+    greedy, sampled = stage.details["settings"]["greedy"], stage.details["settings"]["sampled"]
+    assert stage.details["requests"] == {"bench": 2, "heldout": 4}  # the long one is skipped when rendered
+    assert greedy["lossless"] == 1.0 and sampled["lossless"] is None  # sampled: checked by distribution (tests)
+    assert greedy["per_set"]["bench"]["turns"] == 3 == sampled["per_set"]["bench"]["turns"]  # 2 turns + 1 turn
+    assert set(greedy["per_source"]) == {"chat", "tools"}
+    assert stage.skips.as_dict() == {"prompt longer than max_prompt_tokens": 2}  # once per setting
+    fw = greedy["target_forwards"]
+    assert fw["without_drafter"] == greedy["generated_tokens"] == 6 * 12  # a random target never ends this soon
+    assert fw["with_drafter"] == 6 + greedy["steps"]
+    for s in (greedy, sampled):
+        assert s["tau"] == round((s["generated_tokens"] - 6) / s["steps"], 4) and sum(s["histogram"]) == pytest.approx(1)
+    # The headline: per setting z-lab's acceptance per set, the held-out tau, the weakest source; lossless.
     metrics = json.loads(args.metrics.read_text())
-    assert set(metrics) == HEADLINE and metrics["skipped"] == 1 and metrics["lossless"] == 1.0
-    assert metrics["tau"] == m["tau"] and metrics["tau_min"] == min(m["tau_per_source"].values())
-    report = json.loads(args.report.read_text())
-    assert report == {**m, "skips": {"prompt longer than max_prompt_tokens": 1}}
-    # The wall clock of both decodings is in the run file, the one file that differs from run to run.
+    assert set(metrics) == HEADLINE and metrics["skipped"] == 2 and metrics["lossless"] == 1.0
+    assert metrics["sampled"]["acceptance"] == {"bench": sampled["per_set"]["bench"]["acceptance"],
+                                                "heldout": sampled["per_set"]["heldout"]["acceptance"]}
+    assert json.loads(args.report.read_text())["settings"] == stage.details["settings"]
     run = json.loads(run_file(args.report).read_text())
-    assert set(run) == {"baseline_seconds", "speculative_seconds", "speedup", "stage_seconds"}
-    with open(args.plot) as f:
+    assert set(run) == {"decode_seconds", "stage_seconds"}
+    # The per-step file: one line per turn and setting, from which both figures are recomputed.
+    lines = [json.loads(x) for x in args.steps.read_text().splitlines()]
+    assert len(lines) == 12 and {(x["setting"], x["set"]) for x in lines} >= {("sampled", "bench")}
+    heldout = [x for x in lines if x["setting"] == "sampled" and x["set"] == "heldout"]
+    assert sum(sum(x["produced"]) for x in heldout) / sum(len(x["produced"]) for x in heldout) == pytest.approx(
+        sampled["per_set"]["heldout"]["tau"], abs=1e-4)
+    for folder in (args.positions, args.lengths):
+        assert sorted(p.name for p in folder.iterdir()) == ["greedy.csv", "sampled.csv"]
+    with open(args.positions / "greedy.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["position"]) for r in rows] == list(range(1, 8))
-    assert all(int(r["steps"]) == m["verification_steps"] for r in rows)
-    first = [p.read_bytes() for p in (args.metrics, args.report, args.plot)]
+    outputs = (args.metrics, args.report, args.steps, args.lengths / "sampled.csv")
+    first = [p.read_bytes() for p in outputs]
     again = evaluate(params, args)
-    assert again.run["stage_seconds"] > 0 and [p.read_bytes() for p in (args.metrics, args.report, args.plot)] == first
+    assert again.run["stage_seconds"] > 0 and [p.read_bytes() for p in outputs] == first
+
+
+def test_the_next_turn_follows_the_targets_own_reply(tiny_target_dir, tmp_path):
+    """mt-bench's second turn is rendered after the decoded reply to the first, as z-lab's benchmark does."""
+    from draftline.core.target import load_target as load_info
+    from draftline.evaluate.requests import Request
+    from draftline.evaluate.stage import Decoder, load_models, stop_token_ids
+    from draftline.drafter.decoding import DFlashProposer, GREEDY
+
+    info = load_info(tiny_target_dir / "target.json")
+    params = eval_params(max_new_tokens=6)
+    target, tok, drafter = load_models(info, tiny_target_dir / "checkpoints", params)
+    decoder = Decoder(target, tok, DFlashProposer(drafter), stop_token_ids(info), params, False)
+    req = Request("bench", "bench", "r", [], [{"role": "user", "content": "One?"}, {"role": "user", "content": "Two?"}])
+    first, second = decoder.request("greedy", GREEDY, req, Skips(get_logger("test")))
+    reply = tok.decode(first.speculative.tokens, skip_special_tokens=True)
+    expected = render_prompt(tok, [req.turns[0], {"role": "assistant", "content": reply}, req.turns[1]], None, False)
+    assert second.prompt_tokens == len(expected) and second.turn == 1
 
 
 def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path):
@@ -190,9 +235,9 @@ def test_the_stage_script_refuses_in_one_line_without_a_traceback(tiny_target_di
 
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"evaluate": default_params("evaluate")}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"evaluate": {**default_params("evaluate"), "sets": {}}}))
     a = eval_args(tiny_target_dir, tmp_path / "none", prompts, tmp_path)
-    flags = [x for f in ("checkpoint", "target", "prompts", "metrics", "report", "plot")
+    flags = [x for f in ("checkpoint", "target", "prompts", "sets", "metrics", "report", "positions", "lengths", "steps")
              for x in (f"--{f}", str(getattr(a, f)))]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     env.pop("DRAFTLINE_PARAMS", None)
@@ -221,8 +266,9 @@ def test_lossless_on_the_embedded_target(embedded_target, tmp_path):
     prompts.write_text("".join(r.to_json() + "\n" for r in recs))
     stage = evaluate(eval_params(max_new_tokens=24, max_prompts_per_source=8),
                      eval_args(embedded_target, tmp_path / "checkpoints", prompts, tmp_path))
-    m = stage.details
-    assert m["n_prompts"] == 8 and m["lossless"] == 1.0 and stage.headline["lossless"] == 1.0
+    m = stage.details["settings"]["greedy"]
+    assert stage.details["requests"] == {"heldout": 8} and m["per_set"]["heldout"]["turns"] == 8
+    assert m["lossless"] == 1.0 and stage.headline["lossless"] == 1.0
     assert m["target_forwards"]["without_drafter"] == m["generated_tokens"]
 
 

@@ -241,8 +241,14 @@ def fields(
     prompt_field: str,
     system_field: str | None = None,
     answer_field: str | None = None,
+    prompt_template: str | None = None,
 ) -> Adapted:
-    """Single-turn datasets with the prompt (and maybe a system prompt and an answer) in their own columns."""
+    """Datasets with the prompt (and maybe a system prompt and an answer) in their own columns.
+
+    A list of strings in the prompt column is a multi-turn prompt (mt-bench's ``prompt``): one user message per
+    turn, which evaluate decodes one after another. ``prompt_template`` wraps each turn (``{prompt}`` marks it), as
+    benchmark harnesses do (gsm8k's "Please reason step by step ...").
+    """
     del multimodal  # plain text columns hold no media
     messages: list[Message] = []
     for role, name in (("system", system_field), ("user", prompt_field), ("assistant", answer_field)):
@@ -251,11 +257,15 @@ def fields(
         value = row.get(name)
         if value is None and role != "user":
             continue
-        if not isinstance(value, str):
-            raise RowError("malformed", f"{name} is a {type(value).__name__}, not a string")
-        if role == "system" and not value.strip():
-            continue
-        messages.append({"role": role, "content": value})
+        turns = value if role == "user" and isinstance(value, list) and value else [value]
+        for turn in turns:
+            if not isinstance(turn, str):
+                raise RowError("malformed", f"{name} is a {type(turn).__name__}, not a string")
+            if role == "system" and not turn.strip():
+                continue
+            if role == "user" and prompt_template:
+                turn = prompt_template.replace("{prompt}", turn)
+            messages.append({"role": role, "content": turn})
     return Adapted(messages, None)
 
 
@@ -319,6 +329,8 @@ def openai(
 
 GENERIC: dict[str, Callable[..., Adapted]] = {"sharegpt": sharegpt, "fields": fields, "openai": openai}
 
+_REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
 # The seven sources' schemas (../shared/fixtures/datasets/SOURCES.md), as generic adapters plus options.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "infinity_instruct": ("sharegpt", {"messages_field": "conversations"}),
@@ -336,11 +348,18 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
             "error_field": "parse_error",
         },
     ),
+    # The benchmark sets z-lab's `dflash benchmark` and the model cards report (evaluate.sets), with its prompts.
+    "gsm8k": ("fields", {"prompt_field": "question", "prompt_template": "{prompt}" + _REASON}),
+    "math500": ("fields", {"prompt_field": "problem", "prompt_template": "{prompt}" + _REASON}),
+    "humaneval": ("fields", {"prompt_field": "prompt", "prompt_template": (
+        "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```")}),
+    "mbpp": ("fields", {"prompt_field": "prompt"}),
+    "mt_bench": ("fields", {"prompt_field": "prompt"}),
 }
 
 ADAPTER_OPTIONS = {
     "sharegpt": {"messages_field", "tools_field", "tool_markup", "roles"},
-    "fields": {"prompt_field", "system_field", "answer_field"},
+    "fields": {"prompt_field", "system_field", "answer_field", "prompt_template"},
     "openai": {"messages_path", "tools_path", "raw_field", "error_field"},
 }
 

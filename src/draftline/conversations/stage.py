@@ -23,11 +23,13 @@ from draftline.core.logs import get_logger
 from draftline.core.raw import RAW_FILE
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE
 from draftline.core.runner import StageArgs, StageRun
+from draftline.core.source_spec import entry_name
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConversationsArgs(StageArgs):
-    """``stages/conversations.py``'s arguments (dvc.yaml passes them)."""
+    """``stages/conversations.py``'s arguments (dvc.yaml passes them); ``source`` is the params entry, as for
+    ``stages/sources.py``."""
 
     source: str
     raw: Path
@@ -35,12 +37,12 @@ class ConversationsArgs(StageArgs):
 
     @property
     def label(self) -> str:
-        return f"conversations@{self.source}"
+        return f"conversations@{entry_name(self.source)}"
 
 
 def run_conversations(p: ConversationsSettings, args: ConversationsArgs, stage: StageRun) -> None:
     """Adapt every row of the source into ``args.out`` (conversations and their reading counts)."""
-    spec, params, name = p.spec, p.params, args.source
+    spec, params, name = p.spec, p.params, entry_name(args.source)
     log = get_logger(args.label)
     make_adapter(spec.adapter, spec.options, params.multimodal)  # a bad adapter or option fails before any work
     if not (args.raw / RAW_FILE).is_file():

@@ -2,7 +2,7 @@
 
 Shared by the ``sources@<name>`` stage (which reads the dataset) and the ``conversations@<name>`` stage (which
 adapts its rows); each depends on ``sources.<name>`` alone, so changing one source reruns that source's stages
-only. Exactly one of ``path`` and ``hf`` is set; a hub source is pinned to a ``revision`` and names its ``split``.
+only. The benchmark sets of ``evaluate.sets`` are entries of the same kind, read by the same two stages. Exactly one of ``path`` and ``hf`` is set; a hub source is pinned to a ``revision`` and names its ``split``.
 Keys left out read as null (see each field).
 """
 
@@ -47,9 +47,22 @@ class SourceSpec(Params):
         return f"path:{self.path}"
 
 
-def load_source(name: str, path=PARAMS_FILE) -> SourceSpec:
-    """``sources.<name>`` of params.yaml, parsed; a name that is not there is an error listing the ones that are."""
-    sources = load_section("sources", path)
-    if name not in sources:
-        raise ParamsError(f"params.yaml: sources has no entry {name!r}; it has {sorted(sources)}")
-    return SourceSpec.parse(sources[name], f"sources.{name}")
+def load_source(entry: str, path=PARAMS_FILE) -> SourceSpec:
+    """The source entry ``entry`` of params.yaml, parsed: ``<name>`` or ``sources.<name>`` (a training source), or
+    ``evaluate.sets.<name>`` (a benchmark set, read and adapted by the same two stages). An entry that is not there
+    is an error listing the ones that are."""
+    keys = entry.split(".") if "." in entry else ["sources", entry]
+    section = load_section(keys[0], path)
+    for i, key in enumerate(keys[1:-1], start=1):
+        section = section.get(key) if isinstance(section, dict) else None
+        if not isinstance(section, dict):
+            raise ParamsError(f"params.yaml has no mapping {'.'.join(keys[: i + 1])}")
+    where, name = ".".join(keys[:-1]), keys[-1]
+    if name not in section:
+        raise ParamsError(f"params.yaml: {where} has no entry {name!r}; it has {sorted(section)}")
+    return SourceSpec.parse(section[name], f"{where}.{name}")
+
+
+def entry_name(entry: str) -> str:
+    """The source's name in records and logs: the last key of its entry."""
+    return entry.rsplit(".", 1)[-1]

@@ -1,11 +1,28 @@
-"""``params.yaml: evaluate``: how many prompts, how long, on which device in which dtype, and how strictly."""
+"""``params.yaml: evaluate``: which settings, which prompt sets, how long, on which device in which dtype."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from draftline.core.params import Params
+from draftline.core.params import Params, ParamsError
+from draftline.core.source_spec import SourceSpec
+
+# The held-out prompts of the training sources (the prompts stage's eval.jsonl): always evaluated, under this name.
+HELDOUT = "heldout"
+
+
+@dataclass(frozen=True)
+class SamplingParams(Params):
+    """One decoding setting: ``temperature: 0`` is greedy; ``top_k: 0`` and ``top_p: 1.0`` are off."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+
+    def validate(self, where: str) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ParamsError(f"params.yaml: {where}: temperature must be >= 0, top_p in (0, 1], top_k >= 0")
 
 
 @dataclass(frozen=True)
@@ -13,6 +30,9 @@ class EvalParams(Params):
     """``params.yaml: evaluate`` (see docs/evaluate.md). The thinking mode is not a param: it is the training
     data's, read from the drafter's lineage."""
 
+    sampling: dict[str, SamplingParams]
+    seed: int
+    sets: dict[str, SourceSpec]
     max_new_tokens: int
     max_prompts_per_source: int
     max_prompt_tokens: int
@@ -21,6 +41,14 @@ class EvalParams(Params):
     require_lossless: bool
     strict: bool
     threads: int
+
+    def validate(self, where: str) -> None:
+        if not self.sampling:
+            raise ParamsError(f"params.yaml: {where}.sampling needs at least one setting, e.g. greedy: "
+                              "{temperature: 0.0, top_p: 1.0, top_k: 0}")
+        if HELDOUT in self.sets:
+            raise ParamsError(f"params.yaml: {where}.sets: {HELDOUT!r} names the training sources' held-out prompts; "
+                              "call the set something else")
 
 
 def load(_args: object = None) -> EvalParams:

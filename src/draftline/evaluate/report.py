@@ -1,78 +1,117 @@
-"""What an evaluation found: the headline (tau, the lowest source's tau, losslessness), the report (tau per source,
-forwards saved, stop reasons...) and the acceptance rate by draft position (the stage's plot)."""
+"""What an evaluation found, per decoding setting: both acceptance figures, per set and per source, losslessness,
+the acceptance rate by draft position, the histogram of acceptance lengths, and every step of every turn.
+
+Two figures of one run, both honest, different statistics:
+
+* ``tau`` (pooled): tokens produced over verification steps, summed over every turn first. Long turns weigh more.
+* ``acceptance`` (z-lab's figure, the one DFlash model cards and ``dflash benchmark`` quote): the mean over turns of
+  each turn's mean tokens per verification step. Turns with no step (the first token already ended them) are left
+  out; the prefill's first token is counted in neither figure.
+
+Both are computed from ``produced`` (per step: the accepted drafts + the target's token, cut at a stop or at
+``max_new_tokens``), which the per-step file holds, so another tool can recompute both.
+"""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from statistics import mean
 from typing import Any
 
 from draftline.drafter.decoding import Generation
+from draftline.evaluate.params import HELDOUT
 
 ACCEPTANCE_COLUMNS = ["position", "steps", "accepted", "accept_rate", "conditional_rate"]
+HISTOGRAM_COLUMNS = ["length", "steps", "share"]
 
 
 @dataclass
-class PromptResult:
-    id: str
+class TurnResult:
+    setting: str
+    set: str
     source: str
+    id: str
+    turn: int
     prompt_tokens: int
-    baseline: Generation
     speculative: Generation
+    baseline: Generation | None  # target-only decoding (greedy settings only: the losslessness check)
 
     @property
-    def identical(self) -> bool:
-        return self.baseline.tokens == self.speculative.tokens
+    def identical(self) -> bool | None:
+        return None if self.baseline is None else self.baseline.tokens == self.speculative.tokens
 
 
-def _tau(results: list[PromptResult]) -> float | None:
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def figures(results: list[TurnResult]) -> dict[str, Any]:
+    """``tau`` (pooled), ``acceptance`` (z-lab's), and how many turns and steps they come from."""
     steps = sum(r.speculative.steps for r in results)
-    return round(sum(sum(r.speculative.produced) for r in results) / steps, 4) if steps else None
-
-
-def summarize(results: list[PromptResult], block_size: int, max_new_tokens: int,
-              enable_thinking: bool | None) -> dict[str, Any]:
-    """The report: tau pooled over all verification steps and per source, losslessness, forwards saved, accounting
-    (the skipped prompts are the stage's skips, which the runner adds)."""
-    by_source: dict[str, list[PromptResult]] = defaultdict(list)
-    for r in results:
-        by_source[r.source].append(r)
-    with_drafter = sum(r.speculative.target_forwards for r in results)
-    without = sum(r.baseline.target_forwards for r in results)
-    steps = sum(r.speculative.steps for r in results)
+    per_turn = [mean(r.speculative.produced) for r in results if r.speculative.steps]
     return {
-        "n_prompts": len(results),
-        "n_prompts_per_source": {s: len(rs) for s, rs in sorted(by_source.items())},
-        "tau": _tau(results),
-        "tau_per_source": {s: _tau(rs) for s, rs in sorted(by_source.items())},
-        "lossless": round(sum(r.identical for r in results) / len(results), 4) if results else None,
-        "mismatched_prompts": sorted(r.id for r in results if not r.identical),
+        "tau": _r(sum(sum(r.speculative.produced) for r in results) / steps) if steps else None,
+        "acceptance": _r(mean(per_turn)) if per_turn else None,
+        "turns": len(results),
+        "steps": steps,
+    }
+
+
+def _grouped(results: list[TurnResult], key) -> dict[str, list[TurnResult]]:
+    groups: dict[str, list[TurnResult]] = defaultdict(list)
+    for r in results:
+        groups[key(r)].append(r)
+    return dict(sorted(groups.items()))
+
+
+def summarize_setting(results: list[TurnResult], block_size: int) -> dict[str, Any]:
+    """One setting's report: both figures overall, per set and per held-out source; the histogram of acceptance
+    lengths (z-lab's, over every step); losslessness where a baseline was decoded; forwards saved."""
+    lengths = Counter(n for r in results for n in r.speculative.produced)
+    total = sum(lengths.values())
+    checked = [r for r in results if r.baseline is not None]
+    with_drafter = sum(r.speculative.target_forwards for r in checked)
+    without = sum(r.baseline.target_forwards for r in checked)
+    return {
+        **figures(results),
+        "per_set": {s: figures(rs) for s, rs in _grouped(results, lambda r: r.set).items()},
+        "per_source": {s: figures(rs) for s, rs in _grouped([r for r in results if r.set == HELDOUT],
+                                                            lambda r: r.source).items()},
+        "histogram": [round(lengths[n] / total, 4) if total else 0.0 for n in range(block_size + 1)],
+        "lossless": _r(sum(bool(r.identical) for r in checked) / len(checked)) if checked else None,
+        "mismatched": sorted(f"{r.id}#{r.turn}" for r in checked if not r.identical),
         "target_forwards": {
             "with_drafter": with_drafter,
             "without_drafter": without,
-            "saved_fraction": round(1 - with_drafter / without, 4) if without else None,
+            "saved_fraction": _r(1 - with_drafter / without) if without else None,
         },
-        "verification_steps": steps,
-        "mean_accepted_drafts": round(sum(sum(r.speculative.accepted) for r in results) / steps, 4) if steps else None,
         "generated_tokens": sum(len(r.speculative.tokens) for r in results),
         "stop_reasons": dict(sorted(Counter(r.speculative.stop_reason for r in results).items())),
-        "block_size": block_size,
-        "max_new_tokens": max_new_tokens,
-        "enable_thinking": enable_thinking,
     }
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
-    """The figures compared between experiments: ``tau``, ``tau_min`` (the lowest source's tau: the drafter's
-    weakest kind of prompt) and ``lossless``."""
-    per_source = [t for t in report["tau_per_source"].values() if t is not None]
-    return {"tau": report["tau"], "tau_min": min(per_source) if per_source else None, "lossless": report["lossless"]}
+    """The figures compared between experiments, per setting: z-lab's acceptance on every set, the pooled tau on
+    the held-out prompts, the lowest held-out source's acceptance (the drafter's weakest kind of prompt); and
+    ``lossless`` (the lowest over the greedy settings)."""
+    out: dict[str, Any] = {}
+    for name, s in report["settings"].items():
+        per_source = [f["acceptance"] for f in s["per_source"].values() if f["acceptance"] is not None]
+        out[name] = {
+            "acceptance": {set_: f["acceptance"] for set_, f in s["per_set"].items()},
+            "tau": s["per_set"].get(HELDOUT, {}).get("tau"),
+            "acceptance_min_source": min(per_source) if per_source else None,
+        }
+    lossless = [s["lossless"] for s in report["settings"].values() if s["lossless"] is not None]
+    out["lossless"] = min(lossless) if lossless else None
+    return out
 
 
-def acceptance_by_position(results: list[PromptResult], block_size: int) -> list[dict[str, Any]]:
+def acceptance_by_position(results: list[TurnResult], block_size: int) -> list[dict[str, Any]]:
     """Per draft position k: how often the target accepted it (``accept_rate``), and how often when k-1 was.
 
-    Position k is accepted when the first k drafts all match; a falling ``conditional_rate`` shows where in the
+    Position k is accepted when the first k drafts all are; a falling ``conditional_rate`` shows where in the
     block the drafter loses the thread.
     """
     pairs = [(a, d) for r in results for a, d in zip(r.speculative.accepted, r.speculative.drafted)]
@@ -89,3 +128,16 @@ def acceptance_by_position(results: list[PromptResult], block_size: int) -> list
             "conditional_rate": round(accepted / reached, 4) if reached else 0.0,
         })
     return rows
+
+
+def histogram_rows(histogram: list[float], results: list[TurnResult]) -> list[dict[str, Any]]:
+    """The histogram of acceptance lengths as plot rows (length 0 never happens: a step emits at least one)."""
+    counts = Counter(n for r in results for n in r.speculative.produced)
+    return [{"length": n, "steps": counts[n], "share": share} for n, share in enumerate(histogram) if n > 0]
+
+
+def step_record(r: TurnResult) -> dict[str, Any]:
+    """One line of the per-step file: a turn's drafted, accepted and produced counts per verification step."""
+    return {"setting": r.setting, "set": r.set, "source": r.source, "id": r.id, "turn": r.turn,
+            "prompt_tokens": r.prompt_tokens, "drafted": r.speculative.drafted, "accepted": r.speculative.accepted,
+            "produced": r.speculative.produced, "stop_reason": r.speculative.stop_reason}

@@ -1,43 +1,55 @@
-"""Judging a drafter the way it will be used: speculative decoding of held-out prompts, verified by the target.
+"""Judging a drafter the way it will be served: speculative decoding of held-out prompts and benchmark sets,
+verified by the target, under every decoding setting of ``evaluate.sampling`` (greedy and sampled).
 
-For every eval prompt, rendered exactly as the generate stage sent it to the target, the target decodes greedily
-twice: alone, and verifying the drafter's blocks. The outputs must be identical (``lossless``); what the drafter
-is worth is ``tau``, the tokens produced per target verification step, and the target forward passes it saves.
-Training accuracy says little: a render or thinking-mode mismatch keeps it high while tau collapses.
+For every request, rendered exactly as the generate stage sent prompts to the target (in the training data's
+thinking mode), the target verifies the drafter's blocks: greedy by argmax, sampled by rejection sampling (the
+output keeps the target's distribution, :mod:`draftline.drafter.decoding`). Greedy settings also decode with the
+target alone, and the outputs must be identical (``lossless``). What the drafter is worth is its acceptance: z-lab's
+figure (the one model cards quote) and the pooled tau, per set and per source (:mod:`draftline.evaluate.report`).
+Training accuracy says little: a render or thinking-mode mismatch keeps it high while acceptance collapses.
+
+Invariants: every random draw comes from a seed of (``evaluate.seed``, setting, request, turn), so a rerun on the
+same machine writes the same bytes; wall-clock times go to the run file only.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftline.core.chat import render
 from draftline.core.errors import MissingInput, Refusal
-from draftline.core.files import write_csv
+from draftline.core.files import atomic_path, write_csv, write_jsonl
 from draftline.core.logs import get_logger
-from draftline.core.records import PromptRecord, TargetInfo, read_prompts
+from draftline.core.records import TargetInfo, read_conversations, read_prompts
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target, load_tokenizer
 from draftline.core.threads import torch_threads
-from draftline.drafter.decoding import DFlashProposer, Proposer, greedy_generate, speculative_generate
+from draftline.drafter.decoding import DFlashProposer, Proposer, Sampling, speculative_generate, target_generate
 from draftline.drafter.model import DFlashDrafter, DrafterMismatch, lineage_of
 from draftline.evaluate.params import EvalParams
 from draftline.evaluate.report import (
     ACCEPTANCE_COLUMNS,
-    PromptResult,
+    HISTOGRAM_COLUMNS,
+    TurnResult,
     acceptance_by_position,
+    figures,
     headline,
-    summarize,
+    histogram_rows,
+    step_record,
+    summarize_setting,
 )
+from draftline.evaluate.requests import Request, heldout_requests, set_requests
 
 log = get_logger(__name__)
 
@@ -48,34 +60,40 @@ class EvalArgs(StageArgs):
 
     checkpoint: Path  # the drafter's folder (the train stage's output)
     target: Path  # the target's target.json
-    prompts: Path  # the eval prompts (eval.jsonl of the prompts stage)
+    prompts: Path  # the held-out prompts (eval.jsonl of the prompts stage)
+    sets: Path  # the benchmark sets' conversations: <sets>/<name>/conversations.jsonl for each evaluate.sets name
     metrics: Path
-    plot: Path  # acceptance by draft position
+    positions: Path  # folder: the acceptance rate by draft position, one CSV per setting
+    lengths: Path  # folder: the histogram of acceptance lengths, one CSV per setting
+    steps: Path  # JSONL: every turn's drafted / accepted / produced counts per verification step
 
 
 class NotLossless(Refusal, RuntimeError):
-    """Speculative decoding changed an output and ``evaluate.require_lossless`` is set: the message names the
+    """Speculative decoding changed a greedy output and ``evaluate.require_lossless`` is set: the message names the
     prompts and how to tell a bug from bf16 numerics."""
 
 
-def load_eval_prompts(path: str | os.PathLike, max_per_source: int, skips: Skips) -> list[PromptRecord]:
-    """The first ``max_per_source`` valid records of each source, in file order (the prompt stage's order)."""
-    taken: dict[str, int] = defaultdict(int)
-    records = []
-    for rec in read_prompts(path, skips):
-        if taken[rec.source] < max_per_source:
-            taken[rec.source] += 1
-            records.append(rec)
-    return records
+def load_requests(p: EvalParams, args: EvalArgs, skips: Skips) -> list[Request]:
+    """The held-out prompts (capped per source), then every set's requests, in evaluate.sets order."""
+    if not args.prompts.is_file():
+        raise MissingInput(f"{args.prompts} does not exist: run the prompts stage first (dvc repro prompts)")
+    requests = heldout_requests(read_prompts(args.prompts, skips), p.max_prompts_per_source)
+    for name in p.sets:
+        path = args.sets / name / "conversations.jsonl"
+        if not path.is_file():
+            raise MissingInput(f"{path} does not exist: run its stages first (dvc repro set_conversations@{name})")
+        requests += set_requests(name, read_conversations(path, skips), skips)
+    return requests
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, record: PromptRecord, enable_thinking: bool | None) -> list[int]:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list, tools: list | None,
+                  enable_thinking: bool | None) -> list[int]:
     """The prompt's token ids as the target saw them in generation: the one render (:mod:`draftline.core.chat`).
 
     The text is tokenized without special tokens, as ``apply_chat_template(tokenize=True)`` and SGLang do; a
     different render here is the first suspect when tau is low.
     """
-    text = render(tokenizer, record.messages, record.tools, enable_thinking=enable_thinking, generation_prompt=True)
+    text = render(tokenizer, messages, tools, enable_thinking=enable_thinking, generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -84,50 +102,60 @@ def stop_token_ids(info: TargetInfo) -> set[int]:
     return {info.eos_token_id, info.end_of_turn_token_id}
 
 
-def evaluate_prompts(
-    target: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    proposer: Proposer,
-    records: list[PromptRecord],
-    stop_ids: set[int],
-    params: EvalParams,
-    enable_thinking: bool | None,
-    skips: Skips,
-) -> tuple[list[PromptResult], dict[str, float]]:
-    """Decode every record with the target alone and with the proposer; prompts that cannot be rendered are skipped.
-    Returns the results and the wall seconds spent decoding each way (``baseline``, ``speculative``)."""
-    results = []
-    spent = {"baseline": 0.0, "speculative": 0.0}
-    bar = tqdm(records, desc="evaluate", unit="prompt")
-    for rec in bar:
-        try:
-            ids = render_prompt(tokenizer, rec, enable_thinking)
-        except Exception as e:  # a template error names one bad prompt; the rest still count
-            skips.add("chat template failed", rec.id, f"{type(e).__name__}: {e}")
-            continue
-        if len(ids) > params.max_prompt_tokens:
-            skips.add("prompt longer than max_prompt_tokens", rec.id, f"{len(ids)} tokens")
-            continue
-        t0 = time.perf_counter()
-        base = greedy_generate(target, ids, params.max_new_tokens, stop_ids)
-        t1 = time.perf_counter()
-        spec = speculative_generate(target, proposer, ids, params.max_new_tokens, stop_ids)
-        spent["baseline"] += t1 - t0
-        spent["speculative"] += time.perf_counter() - t1
-        results.append(PromptResult(rec.id, rec.source, len(ids), base, spec))
-        if not results[-1].identical:
-            at = next((i for i, (a, b) in enumerate(zip(base.tokens, spec.tokens)) if a != b), None)
-            log.error("prompt %s: speculative output differs from target-only greedy at token %s", rec.id, at)
-        steps = sum(r.speculative.steps for r in results)
-        bar.set_postfix(tau=f"{sum(sum(r.speculative.produced) for r in results) / max(steps, 1):.2f}")
-    # Wall time depends on the machine (and its load): the run file has it, never the metrics or the report.
-    if spent["speculative"]:
-        log.info("CPU wall clock: target-only %.1f s, speculative %.1f s: a %.2fx speed-up. What that means here: this "
-                 "target is tiny, so one drafter forward costs about as much as one target forward and every step pays "
-                 "both; beside a large target on a GPU the drafter is a small fraction of a target forward, and tau "
-                 "(tokens per target forward) is the figure that carries over", spent["baseline"],
-                 spent["speculative"], spent["baseline"] / spent["speculative"])
-    return results, spent
+def turn_seed(seed: int, setting: str, request: Request, turn: int) -> int:
+    """Each turn's own seed: its draws do not depend on which turns ran before it or in which order."""
+    return xxhash.xxh64_intdigest(f"{seed}/{setting}/{request.set}/{request.id}/{turn}".encode()) & (2**63 - 1)
+
+
+@dataclass
+class Decoder:
+    """What decodes every turn of one run: the models, the drafter's proposer, and how."""
+
+    target: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    proposer: Proposer
+    stop_ids: set[int]
+    params: EvalParams
+    enable_thinking: bool | None
+
+    def request(self, setting: str, sampling: Sampling, req: Request, skips: Skips) -> list[TurnResult]:
+        """Every turn of ``req``, each next user turn after the target's own reply; a turn that cannot be rendered
+        or is too long is a counted skip and ends the request (its later turns would lack their context)."""
+        messages, results = list(req.prefix), []
+        for turn, user in enumerate(req.turns):
+            messages.append(user)
+            try:
+                ids = render_prompt(self.tokenizer, messages, req.tools, self.enable_thinking)
+            except Exception as e:  # a template error names one bad prompt; the rest still count
+                skips.add("chat template failed", f"{req.id}#{turn}", f"{type(e).__name__}: {e}")
+                break
+            if len(ids) > self.params.max_prompt_tokens:
+                skips.add("prompt longer than max_prompt_tokens", f"{req.id}#{turn}", f"{len(ids)} tokens")
+                break
+            seed = turn_seed(self.params.seed, setting, req, turn)
+            spec = speculative_generate(self.target, self.proposer, ids, self.params.max_new_tokens, self.stop_ids,
+                                        sampling, seed)
+            base = None
+            if sampling.greedy:  # sampled outputs are checked by distribution (tests), not byte for byte
+                base = target_generate(self.target, ids, self.params.max_new_tokens, self.stop_ids)
+                if base.tokens != spec.tokens:
+                    at = next((i for i, (a, b) in enumerate(zip(base.tokens, spec.tokens)) if a != b), None)
+                    log.error("%s turn %d: speculative output differs from target-only greedy at token %s",
+                              req.id, turn, at)
+            results.append(TurnResult(setting, req.set, req.source, req.id, turn, len(ids), spec, base))
+            messages.append({"role": "assistant",
+                             "content": self.tokenizer.decode(spec.tokens, skip_special_tokens=True)})
+        return results
+
+
+def evaluate_setting(decoder: Decoder, setting: str, sampling: Sampling, requests: list[Request],
+                     skips: Skips) -> list[TurnResult]:
+    results: list[TurnResult] = []
+    bar = tqdm(requests, desc=f"evaluate {setting}", unit="request")
+    for req in bar:
+        results += decoder.request(setting, sampling, req, skips)
+        bar.set_postfix(acceptance=f"{figures(results)['acceptance'] or 0:.2f}")
+    return results
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -179,49 +207,68 @@ def load_models(
 
 
 def run_evaluate(p: EvalParams, args: EvalArgs, stage: StageRun) -> None:
-    """The evaluate stage: the acceptance-by-position plot, and ``stage`` filled (headline ``tau``, ``tau_min``,
-    ``lossless``; the report every figure; the run file the wall clock of both decodings).
+    """The evaluate stage: for every setting of ``evaluate.sampling``, every request decoded with the drafter
+    (and greedy, also without it); the plots, the per-step file, and ``stage`` filled (headline per setting: z-lab's
+    acceptance per set, the held-out tau, the weakest source; the report every figure; the run file the wall clock).
 
-    Refuses (after writing the plot; the log has tau and lossless) when an output differs from target-only greedy
-    decoding and ``require_lossless`` is set: that is a bug in verification, or, in bf16, numerics flipping a near-tie.
+    Refuses (after writing the plots; the log has the figures) when a greedy output differs from target-only decoding
+    and ``require_lossless`` is set: that is a bug in verification, or, in bf16, numerics flipping a near-tie.
     """
     info = load_target(args.target)
     stage.skips.strict = p.strict
-    if not args.prompts.is_file():
-        raise MissingInput(f"{args.prompts} does not exist: run the prompts stage first (dvc repro prompts)")
-    records = load_eval_prompts(args.prompts, p.max_prompts_per_source, stage.skips)
-    if not records:
-        raise Refusal(f"{args.prompts} holds no usable eval prompts (skipped: {stage.skips.as_dict()}): "
+    requests = load_requests(p, args, stage.skips)
+    if not requests:
+        raise Refusal(f"{args.prompts} and evaluate.sets hold no usable prompts (skipped: {stage.skips.as_dict()}): "
                       "re-run the prompts stage")
     # Batch-1 decoding of a small model is latency-bound: on a busy CPU, extra OpenMP threads only spin
     # (measured: 2 threads 15x slower than 1 on a loaded 2-core box).
     with torch_threads(p.threads):
-        _evaluate(p, info, args, records, stage)
+        _evaluate(p, info, args, requests, stage)
 
 
-def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, records: list[PromptRecord], stage: StageRun) -> None:
+def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, requests: list[Request], stage: StageRun) -> None:
     target, tokenizer, drafter = load_models(info, args.checkpoint, p)
     # The prompts are rendered in the thinking mode the training data was generated in (null: the template's own).
     thinking = lineage_of(drafter.config)["enable_thinking"]
-    log.info("evaluating %d prompts, block size %d, enable_thinking=%s (the training data's) on %s",
-             len(records), drafter.block_size, thinking, target.device)
-    results, spent = evaluate_prompts(
-        target, tokenizer, DFlashProposer(drafter), records, stop_token_ids(info), p, thinking, stage.skips
-    )
-    if not results:
+    log.info("evaluating %d requests (%s) under %s, block size %d, enable_thinking=%s (the training data's) on %s",
+             len(requests), ", ".join(f"{k}: {v}" for k, v in Counter(r.set for r in requests).items()),
+             ", ".join(p.sampling), drafter.block_size, thinking, target.device)
+    decoder = Decoder(target, tokenizer, DFlashProposer(drafter), stop_token_ids(info), p, thinking)
+    results: dict[str, list[TurnResult]] = {}
+    started = time.perf_counter()
+    for name, s in p.sampling.items():
+        results[name] = evaluate_setting(decoder, name, Sampling(s.temperature, s.top_p, s.top_k), requests,
+                                         stage.skips)
+    if not any(results.values()):
         raise Refusal(f"every eval prompt was skipped ({stage.skips.as_dict()}): raise evaluate.max_prompt_tokens?")
-    details = summarize(results, drafter.block_size, p.max_new_tokens, thinking)
-    stage.details.update(details)
-    stage.headline.update(headline(details))
-    stage.run.update(baseline_seconds=round(spent["baseline"], 2), speculative_seconds=round(spent["speculative"], 2),
-                     speedup=round(spent["baseline"] / spent["speculative"], 3) if spent["speculative"] else None)
-    write_csv(args.plot, acceptance_by_position(results, drafter.block_size), ACCEPTANCE_COLUMNS)
-    log.info("tau %.3f (lowest source %.3f) over %d steps, lossless %.3f, target forwards saved %.1f%%",
-             details["tau"] or 0.0, stage.headline["tau_min"] or 0.0, details["verification_steps"],
-             details["lossless"], 100 * (details["target_forwards"]["saved_fraction"] or 0))
-    if p.require_lossless and details["lossless"] < 1.0:
+    settings = {name: summarize_setting(rs, drafter.block_size) for name, rs in results.items()}
+    stage.details.update(settings=settings, block_size=drafter.block_size, max_new_tokens=p.max_new_tokens,
+                         enable_thinking=thinking, requests=dict(sorted(Counter(r.set for r in requests).items())))
+    stage.headline.update(headline(stage.details))
+    stage.run.update(decode_seconds=round(time.perf_counter() - started, 2))
+    write_plots(args, results, settings, drafter.block_size)
+    for name, s in settings.items():
+        log.info("%s: acceptance %s (z-lab's figure), pooled tau %s; per set %s; lossless %s", name, s["acceptance"],
+                 s["tau"], {k: v["acceptance"] for k, v in s["per_set"].items()}, s["lossless"])
+    lossless = stage.headline["lossless"]
+    if p.require_lossless and lossless is not None and lossless < 1.0:
+        mismatched = [m for s in settings.values() for m in s["mismatched"]]
         raise NotLossless(
-            f"speculative decoding changed the output of {len(details['mismatched_prompts'])} prompt(s) "
-            f"{details['mismatched_prompts'][:5]}: greedy verification must be lossless. In float32 this is a bug; "
-            "in bf16/fp16 it can be numerics (set evaluate.dtype: float32 to tell them apart)"
+            f"speculative decoding changed the greedy output of {len(mismatched)} turn(s) {mismatched[:5]}: greedy "
+            "verification must be lossless. In float32 this is a bug; in bf16/fp16 it can be numerics (set "
+            "evaluate.dtype: float32 to tell them apart)"
         )
+
+
+def write_plots(args: EvalArgs, results: dict[str, list[TurnResult]], settings: dict[str, dict],
+                block_size: int) -> None:
+    """One CSV per setting in each plot folder, and the per-step file; each written whole or not at all."""
+    with atomic_path(args.positions) as tmp:
+        tmp.mkdir()
+        for name, rs in results.items():
+            write_csv(tmp / f"{name}.csv", acceptance_by_position(rs, block_size), ACCEPTANCE_COLUMNS)
+    with atomic_path(args.lengths) as tmp:
+        tmp.mkdir()
+        for name, rs in results.items():
+            write_csv(tmp / f"{name}.csv", histogram_rows(settings[name]["histogram"], rs), HISTOGRAM_COLUMNS)
+    write_jsonl(args.steps, (step_record(r) for rs in results.values() for r in rs))

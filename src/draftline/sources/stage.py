@@ -23,7 +23,7 @@ from draftline.core.logs import get_logger
 from draftline.core.raw import json_columns, rows_to_table, with_json_columns, write_raw
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
-from draftline.core.source_spec import SourceSpec
+from draftline.core.source_spec import SourceSpec, entry_name
 
 log = get_logger(__name__)
 
@@ -152,14 +152,15 @@ def load_source(label: str, spec: SourceSpec, skips: Skips) -> _Loaded:
 
 @dataclass(frozen=True, kw_only=True)
 class SourceArgs(StageArgs):
-    """``stages/sources.py``'s arguments (dvc.yaml passes them): the source's name, its raw folder."""
+    """``stages/sources.py``'s arguments (dvc.yaml passes them): the source's params entry (``agent``, or
+    ``evaluate.sets.gsm8k``: :func:`~draftline.core.source_spec.load_source`), its raw folder."""
 
     source: str
     out: Path
 
     @property
     def label(self) -> str:
-        return f"sources@{self.source}"
+        return f"sources@{entry_name(self.source)}"
 
 
 def run_source(spec: SourceSpec, args: SourceArgs, stage: StageRun) -> None:
@@ -167,7 +168,7 @@ def run_source(spec: SourceSpec, args: SourceArgs, stage: StageRun) -> None:
     stage.skips.strict = bool(spec.strict)
     loaded = load_source(args.label, spec, stage.skips)
     if loaded.table.num_rows == 0:
-        raise MissingInput(f"sources.{args.source} ({spec.origin}) gave no rows; check its path/split (and max_rows)")
+        raise MissingInput(f"{args.label} ({spec.origin}) gave no rows; check its path/split (and max_rows)")
     write_raw(loaded.table, args.out)
     stage.headline.update(rows=loaded.table.num_rows)
     stage.details.update(origin=spec.origin, adapter=spec.adapter, files=len(loaded.files), rows_read=loaded.rows_read,
