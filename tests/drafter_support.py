@@ -28,8 +28,9 @@ def lineage(info=None, enable_thinking: bool | None = False) -> dict:
             "enable_thinking": enable_thinking, "mask_token_id": info.mask_token_id}
 
 
-def make_target(root: Path) -> Path:
-    """Save a tiny random Qwen3ForCausalLM and its target.json under ``root``; return target.json's path."""
+def make_target(root: Path, initializer_range: float = 0.2) -> Path:
+    """Save a tiny random Qwen3ForCausalLM and its target.json under ``root``; return target.json's path. A small
+    ``initializer_range`` gives a target whose greedy replies are repetitive: easy for a drafter to learn."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from draftline.core.records import TargetInfo
@@ -37,7 +38,8 @@ def make_target(root: Path) -> Path:
     torch.manual_seed(0)
     config = Qwen3Config(
         vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512, initializer_range=0.2,
+        num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512,
+        initializer_range=initializer_range,
     )
     model_dir = root / "target-model"
     Qwen3ForCausalLM(config).save_pretrained(model_dir)
