@@ -23,7 +23,8 @@ SHRINK = {
     "blend": {"total": 300, "eval_per_source": 2},  # above http_traces (whole: true), 231 prompts
     "generate": {"max_tokens": 48},
     "train": {"max_steps": 40, "save_every": 20},
-    "evaluate": {"max_prompts_per_source": 1, "max_new_tokens": 24},
+    "evaluate": {"max_prompts_per_source": 1, "max_new_tokens": 24,
+                 "sets": {"gsm8k": {"max_rows": 2}, "mt_bench": {"max_rows": 2}}},
 }
 # Generated outputs: a clone starts without them, as a fresh checkout does before `dvc pull`.
 OUTPUTS = ("data/raw/", "data/conversations/", "data/target/", "data/prompts/", "data/completions/",

@@ -41,11 +41,22 @@ def test_repro_builds_every_output(project):
     assert train_rows == SHRINK["blend"]["total"]
     ev = json.loads((root / "metrics/eval.json").read_text())
     assert ev["lossless"] == 1.0
-    # Even a 40-step drafter is accepted beyond the one token every verification step gives for free.
-    assert ev["tau"] > 1.1 and 1.0 <= ev["tau_min"] <= ev["tau"]
+    # Even a 40-step drafter is accepted beyond the one token every verification step gives for free, greedy and
+    # sampled, on the held-out prompts and on both benchmark sets (mt_bench turn by turn).
+    for setting in ("greedy", "sampled"):
+        assert ev[setting]["tau"] > 1.1 and 1.0 <= ev[setting]["acceptance_min_source"]
+        assert set(ev[setting]["acceptance"]) == {"heldout", "gsm8k", "mt_bench"}
+        assert all(a >= 1.0 for a in ev[setting]["acceptance"].values())
+    steps = [json.loads(x) for x in (root / "plots/eval_steps.jsonl").read_text().splitlines()]
+    assert {(x["setting"], x["set"], x["turn"]) for x in steps} >= {("sampled", "mt_bench", 1), ("greedy", "gsm8k", 0)}
     # The run files (times, speeds) stay out of git: a rerun never shows as a change to commit.
     assert not [line for line in run(["git", "status", "--porcelain"], root, env).splitlines() if ".run.json" in line]
     assert (root / "reports" / "train.run.json").is_file()
+
+
+def flat(d: dict, prefix: str = "") -> list[str]:
+    """The column names `dvc metrics show` makes of nested keys (``greedy.acceptance.gsm8k``)."""
+    return [k for key, v in d.items() for k in (flat(v, f"{prefix}{key}.") if isinstance(v, dict) else [prefix + key])]
 
 
 def test_metrics_show_is_a_few_headline_columns(project):
@@ -53,8 +64,9 @@ def test_metrics_show_is_a_few_headline_columns(project):
     root, env = project
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], root, env))
     files = next(iter(shown.values()))["data"]
-    keys = {key for f in files.values() for key in f["data"]}
-    assert {"rows", "tokens", "skipped", "tau", "lossless"} <= keys and len(keys) <= 20, sorted(keys)
+    keys = {key for f in files.values() for key in flat(f["data"])}
+    assert {"rows", "tokens", "skipped", "greedy.tau", "sampled.acceptance.gsm8k", "lossless"} <= keys, sorted(keys)
+    assert len(keys) <= 32, sorted(keys)
     assert sorted(files) == sorted(f"metrics/{s}.json" for s in
                                    ("target", "prompts", "generate", "tokenize", "merge", "export", "train", "eval"))
 

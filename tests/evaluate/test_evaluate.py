@@ -199,9 +199,9 @@ def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp
 def test_the_next_turn_follows_the_targets_own_reply(tiny_target_dir, tmp_path):
     """mt-bench's second turn is rendered after the decoded reply to the first, as z-lab's benchmark does."""
     from draftline.core.target import load_target as load_info
+    from draftline.drafter.decoding import GREEDY, DFlashProposer
     from draftline.evaluate.requests import Request
     from draftline.evaluate.stage import Decoder, load_models, stop_token_ids
-    from draftline.drafter.decoding import DFlashProposer, GREEDY
 
     info = load_info(tiny_target_dir / "target.json")
     params = eval_params(max_new_tokens=6)
