@@ -6,7 +6,8 @@ seeds side by side:
 
 - wall time per stage (the ``stage_seconds`` of each stage's run file, ``reports/<stage>.run.json``; foreach groups
   summed), the whole ``dvc repro``, and what is neither (DVC itself and each stage's interpreter start-up);
-- tau overall and per source, lossless share (metrics/eval.json, reports/eval.json);
+- z-lab's acceptance, greedy and sampled, overall and per held-out source and set; the pooled tau; lossless share
+  (reports/eval.json);
 - per source: greedy tool-call rate of the completions (replies carrying structured ``tool_calls``, of the prompts
   that offered tools), truncation rate (replies cut at ``generate.max_tokens``, of the prompts sent), and the target
   stage's held-out tool-call and runaway rates (reports/target.json).
@@ -99,11 +100,9 @@ def measure(seed: int, keep: Path | None, load: str, until: str | None) -> dict[
             run(["dvc", "repro", *([until] if until else [])], root, env, timeout=7200)
         wall = time.perf_counter() - t0
         eval_file = root / "reports" / "eval.json"
-        ev = json.loads(eval_file.read_text()) if eval_file.is_file() else {"tau": 0.0, "tau_per_source": {},
-                                                                           "lossless": 0.0}
+        settings = json.loads(eval_file.read_text())["settings"] if eval_file.is_file() else {}
         target = json.loads((root / "reports" / "target.json").read_text())
-        return {"seed": seed, "wall": wall, "stages": stage_seconds(root), "tau": ev["tau"],
-                "tau_per_source": ev["tau_per_source"], "lossless": ev["lossless"],
+        return {"seed": seed, "wall": wall, "stages": stage_seconds(root), "settings": settings,
                 "completions": completion_rates(root), "held_out": target.get("held_out", {})}
     finally:
         if keep:
@@ -120,15 +119,26 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
+def acceptance_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    """Per held-out source and per set: ``greedy / sampled`` acceptance of each seed; then tau and lossless."""
+    def cell(r: dict[str, Any], group: str, key: str, figure: str = "acceptance") -> str:
+        values = [(r["settings"].get(s, {}).get(group, {}).get(key) or {}).get(figure) for s in ("greedy", "sampled")]
+        return " / ".join("-" if v is None else f"{v:.2f}" for v in values)
+
+    first = results[0]["settings"].get("greedy", {})
+    rows = [[s] + [cell(r, "per_source", s) for r in results] for s in sorted(first.get("per_source", {}))]
+    rows += [[f"**{s}**"] + [cell(r, "per_set", s) for r in results] for s in sorted(first.get("per_set", {}))]
+    rows.append(["tau, held-out"] + [cell(r, "per_set", "heldout", "tau") for r in results])
+    rows.append(["lossless"] + [str(r["settings"].get("greedy", {}).get("lossless")) for r in results])
+    return rows
+
+
 def report(results: list[dict[str, Any]]) -> str:
     seeds = [f"seed {r['seed']}" for r in results]
     times = [[s] + [f"{r['stages'][s]:.0f}" for r in results] for s in STAGES]
     times.append(["DVC + start-up"] + [f"{r['wall'] - sum(r['stages'].values()):.0f}" for r in results])
     times.append(["**dvc repro**"] + [f"**{r['wall']:.0f}**" for r in results])
-    sources = sorted(results[0]["tau_per_source"])
-    tau = [["**overall**"] + [f"**{r['tau']:.2f}**" for r in results]]
-    tau += [[s] + [f"{r['tau_per_source'].get(s, 0):.2f}" for r in results] for s in sources]
-    tau.append(["lossless"] + [f"{r['lossless']:.2f}" for r in results])
+    tau = acceptance_rows(results)
     rates = []
     for s in sorted(results[0]["completions"]):
         cells = []
@@ -139,7 +149,8 @@ def report(results: list[dict[str, Any]]) -> str:
         rates.append([s] + cells)
     return "\n\n".join([
         "Wall seconds per stage:\n\n" + table(["stage"] + seeds, times),
-        "tau (tokens per target forward):\n\n" + table(["source"] + seeds, tau),
+        "z-lab's acceptance, greedy / sampled (pooled tau on the held-out prompts in the last rows):\n\n"
+        + table(["source or set"] + seeds, tau),
         "Completions: tool calls / truncated; target held-out greedy: tool calls / runaway:\n\n"
         + table(["source"] + seeds, rates),
     ])
@@ -156,7 +167,9 @@ def main() -> None:
     results = []
     for seed in args.seeds:
         results.append(measure(seed, args.keep, args.beside, args.until))
-        print(f"seed {seed}: dvc repro {results[-1]['wall']:.0f} s, tau {results[-1]['tau']:.3f}", flush=True)
+        greedy = results[-1]["settings"].get("greedy", {})
+        print(f"seed {seed}: dvc repro {results[-1]['wall']:.0f} s, greedy acceptance {greedy.get('acceptance')}",
+              flush=True)
     print(report(results))
 
 
