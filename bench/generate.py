@@ -118,7 +118,7 @@ def bench_local(n: int, target_dir: Path, max_tokens: int = 64) -> None:
     s = GenerateParams.parse({**defaults, "max_tokens": max_tokens, "temperature": 0.0,
                               "local": {**defaults["local"], "device": "auto"}}, "generate")
     t0 = time.monotonic()
-    backend = LocalBackend(load_target(target_dir / "target.json"), s.sampling, False, s.local)
+    backend = LocalBackend(load_target(target_dir / "target.json"), s.sampling, False, s.local, None)
     load_s = time.monotonic() - t0
     reqs = [([{"role": "user", "content": f"What is {i % 9 + 1} plus {i % 7 + 2}?"}], None) for i in range(n)]
     t0 = time.monotonic()

@@ -1,7 +1,9 @@
-"""The launch path: the sglang command line, and the start / health wait / stop cycle on a real process."""
+"""The launch path: the SGLang and vLLM command lines (with and without a drafter), and the start / health wait /
+stop cycle on a real process."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from pathlib import Path
@@ -9,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from draftline.core.errors import Refusal
-from draftline.generate.launcher import Server, ServerFailed, launch_env, sglang_command
+from draftline.generate.launcher import Server, ServerFailed, launch_env, server_command
 from draftline.generate.params import LaunchParams
 
 # params.yaml's commented launch example: generate.launch takes every key once it is set.
-LAUNCH = {"gpus": None, "dp_size": 1, "tp_size": 1, "host": "127.0.0.1", "port": 30000, "extra_args": [],
+LAUNCH = {"engine": "sglang", "gpus": None, "dp_size": 1, "tp_size": 1, "host": "127.0.0.1", "port": 30000, "extra_args": [],
           "health_timeout_s": 1800}
 
 
@@ -24,16 +26,44 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_sglang_command_line():
-    cmd = sglang_command("/dev/shm/Qwen3-8B", launch(dp_size=8, port=31000, extra_args=["--mem-fraction-static", "0.85"]),
-                         True, "python")
+    cmd = server_command("/dev/shm/Qwen3-8B", launch(dp_size=8, port=31000, extra_args=["--mem-fraction-static", "0.85"]),
+                         True, None, "python")
     assert cmd == ["python", "-m", "sglang.launch_server", "--model-path", "/dev/shm/Qwen3-8B", "--host", "127.0.0.1",
                    "--port", "31000", "--dp-size", "8", "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25",
                    "--mem-fraction-static", "0.85"]
-    off = sglang_command("/m", launch(tp_size=2), False, "python")
+    off = server_command("/m", launch(tp_size=2), False, None, "python")
     assert "--reasoning-parser" not in off and "--dp-size" not in off
     assert off[-4:] == ["--tp-size", "2", "--tool-call-parser", "qwen25"]
     assert launch_env(launch(gpus=[0, 3]))["CUDA_VISIBLE_DEVICES"] == "0,3"
     assert launch_env(launch(gpus="4,5"))["CUDA_VISIBLE_DEVICES"] == "4,5"
+
+
+@pytest.fixture
+def drafter_dir(tmp_path) -> Path:
+    """A drafter folder as far as the servers read it before loading: its config.json with the block size."""
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "config.json").write_text('{"architectures": ["DFlashDraftModel"], "block_size": 16}')
+    return tmp_path / "drafter"
+
+
+def test_a_drafter_makes_each_engine_speculate_in_its_own_block_convention(drafter_dir):
+    sglang = server_command("/m", launch(), False, str(drafter_dir), "python")
+    # SGLang's --speculative-num-draft-tokens is the whole block (the verified token + 15 drafts).
+    assert sglang[-6:] == ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter_dir),
+                           "--speculative-num-draft-tokens", "16"]
+    vllm = server_command("/m", launch(engine="vllm", tp_size=4, extra_args=["--max-model-len", "8192"]), True,
+                          str(drafter_dir), "/venv/bin/python")
+    assert vllm[:3] == ["/venv/bin/vllm", "serve", "/m"]
+    assert vllm[vllm.index("--tensor-parallel-size") + 1] == "4" and "--reasoning-parser" in vllm
+    spec = json.loads(vllm[vllm.index("--speculative-config") + 1])
+    # vLLM's num_speculative_tokens counts the drafts alone: block size - 1.
+    assert spec == {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 15}
+    assert vllm[-2:] == ["--max-model-len", "8192"]
+    (drafter_dir / "config.json").write_text("{}")
+    with pytest.raises(Refusal, match="block_size"):
+        server_command("/m", launch(), False, str(drafter_dir), "python")
+    with pytest.raises(Refusal, match="does not exist"):
+        server_command("/m", launch(), False, str(drafter_dir / "nowhere"), "python")
 
 
 def free_port() -> int:

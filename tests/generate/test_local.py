@@ -188,9 +188,51 @@ def test_a_reply_that_calls_a_tool_carries_tool_calls_and_finishes_as_the_server
     from draftline.generate.local import LocalBackend
 
     s = gen_params(LOCAL)
-    backend = LocalBackend(load_target(embedded_target / "target.json"), s.sampling, False, s.local)
+    backend = LocalBackend(load_target(embedded_target / "target.json"), s.sampling, False, s.local, None)
     reply = 'On it.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     r = backend._result(reply, "<prompt>", [TOOL], "stop", 10, 20)
     assert r.finish_reason == "tool_calls" and r.message["content"] == "On it."
     assert r.message["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert backend._result(reply, "<prompt>", None, "stop", 10, 20).message == {"role": "assistant", "content": reply}
+
+
+def _drafter(embedded_target, folder):
+    """An untrained DFlash drafter for the embedded target (acceptance near 1: the bytes are what is tested)."""
+    import torch
+    from drafter_support import lineage
+
+    from draftline.core.target import load_model, load_target
+    from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
+
+    info = load_target(embedded_target / "target.json")
+    target = load_model(info)
+    cfg = make_config(target.config, num_layers=1, block_size=4, mask_token_id=info.mask_token_id,
+                      target_layer_ids=build_target_layer_ids(target.config.num_hidden_layers, 2), lineage=lineage(info))
+    torch.manual_seed(0)
+    DFlashDrafter(cfg).save_pretrained(folder)
+    return folder
+
+
+def test_a_drafter_changes_speed_not_bytes_and_not_the_journal_key(tmp_path, embedded_target, monkeypatch):
+    """generate.draft_model, greedy: the local backend decodes each prompt through the speculative loop and writes
+    the same completions as the batched decoding without it; switched on over a finished journal, it sends nothing."""
+    prompts = _prompts(5)
+    draft = str(_drafter(embedded_target, tmp_path / "drafter"))
+    plain_dir, drafted_dir = tmp_path / "plain", tmp_path / "drafted"
+    for d in (plain_dir, drafted_dir):
+        d.mkdir()
+        write_jsonl(d / "train.jsonl", prompts)
+    plain = _run(plain_dir, embedded_target, LOCAL)
+    monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "other-cache"))  # a journal of its own: decoded anew
+    drafted = _run(drafted_dir, embedded_target, {**LOCAL, "draft_model": draft})
+    assert drafted.run["finished"] == 5
+    shards = sorted((plain_dir / "out").iterdir())
+    assert [p.read_bytes() for p in shards] == [(drafted_dir / "out" / p.name).read_bytes() for p in shards]
+    spec = drafted.details["speculative"]
+    assert spec["prompts"] == 5 and spec["acceptance"] >= 1.0 and 0.0 <= spec["forwards_saved"] < 1.0
+    assert drafted.headline["acceptance"] == spec["acceptance"] and "acceptance" not in plain.headline
+    assert set(drafted.details["per_source"]) == set(plain.details["per_source"])
+    # The drafter is not part of the journal key: over the plain run's finished journal it sends nothing.
+    monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "cache"))
+    again = _run(plain_dir, embedded_target, {**LOCAL, "draft_model": draft})
+    assert again.run["resumed"] == 5 and again.run["finished"] == 0

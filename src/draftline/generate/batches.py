@@ -66,7 +66,7 @@ def _run_batches(work: Work, starts: list[int], s: GenerateParams, info: TargetI
     """The batches starting at ``starts``, in that order, with one model; returns the requests made."""
     from draftline.generate.local import LocalBackend
 
-    backend = LocalBackend(info, s.sampling, s.enable_thinking, s.local)
+    backend = LocalBackend(info, s.sampling, s.enable_thinking, s.local, s.draft_model)
     sent = 0
     with torch_threads(s.local.threads):
         for start in starts:

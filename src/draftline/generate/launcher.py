@@ -1,12 +1,18 @@
-"""Starting and stopping an SGLang server for the stage (``generate.launch``).
+"""Starting and stopping an SGLang or vLLM server for the stage (``generate.launch``).
 
-The stage starts ``python -m sglang.launch_server`` itself when asked to, waits until ``/health`` answers,
-and stops the whole process group at the end, so that no GPU process outlives the run. The server's output
+The stage starts ``python -m sglang.launch_server`` or ``vllm serve`` itself when asked to, waits until ``/health``
+answers, and stops the whole process group at the end, so that no GPU process outlives the run. The server's output
 goes to a log file kept beside the journal.
+
+With ``generate.draft_model`` the server speculates with that DFlash drafter. The block size is read from the
+drafter's own ``config.json`` (``block_size``), never repeated as a param, and each engine is told it in its own
+convention: SGLang's ``--speculative-num-draft-tokens`` is the whole block (the verified token + B-1 drafts), vLLM's
+``num_speculative_tokens`` the drafts alone (B-1).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,9 +28,29 @@ from draftline.generate.params import LaunchParams
 
 log = get_logger(__name__)
 
-def sglang_command(model_path: str, launch: LaunchParams, enable_thinking: bool, python: str = sys.executable) -> list[str]:
-    """The ``sglang.launch_server`` command line for ``generate.launch``."""
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_path),
+def draft_block_size(draft_model: str | os.PathLike) -> int:
+    """The drafter's block size, from its ``config.json`` (draftline's and z-lab's layouts both keep it there)."""
+    config = Path(draft_model) / "config.json"
+    if not config.is_file():
+        raise Refusal(f"generate.draft_model: {config} does not exist; point it at a drafter checkpoint folder")
+    values = json.loads(config.read_text())
+    block = values.get("block_size", values.get("dflash_config", {}).get("block_size"))
+    if not isinstance(block, int) or block < 2:
+        raise Refusal(f"generate.draft_model: {config} has no block_size >= 2; is it a DFlash drafter?")
+    return block
+
+
+def server_command(info_path: str, launch: LaunchParams, enable_thinking: bool, draft_model: str | None,
+                   python: str = sys.executable) -> list[str]:
+    """The command line that starts ``launch.engine`` serving the target (speculating with ``draft_model``)."""
+    make = sglang_command if launch.engine == "sglang" else vllm_command
+    return make(str(info_path), launch, enable_thinking, draft_model, python) + [str(a) for a in launch.extra_args]
+
+
+def sglang_command(model_path: str, launch: LaunchParams, enable_thinking: bool, draft_model: str | None,
+                   python: str) -> list[str]:
+    """``python -m sglang.launch_server`` for ``generate.launch`` (extra_args appended by the caller)."""
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path,
            "--host", launch.host, "--port", str(launch.port)]
     if launch.tp_size > 1:
         cmd += ["--tp-size", str(launch.tp_size)]
@@ -36,7 +62,28 @@ def sglang_command(model_path: str, launch: LaunchParams, enable_thinking: bool,
     # Without it SGLang leaves a Qwen3 tool call in `content` as text; with it the reply carries `tool_calls`,
     # which the tokenize stage renders back through the template (and the local backend parses the same way).
     cmd += ["--tool-call-parser", "qwen25"]
-    cmd += [str(a) for a in launch.extra_args]
+    if draft_model is not None:
+        cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft_model),
+                "--speculative-num-draft-tokens", str(draft_block_size(draft_model))]
+    return cmd
+
+
+def vllm_command(model_path: str, launch: LaunchParams, enable_thinking: bool, draft_model: str | None,
+                 python: str) -> list[str]:
+    """``vllm serve`` for ``generate.launch`` with the same parsers as SGLang's (Qwen3's tool calls are Hermes
+    markup, which vLLM's ``hermes`` parser reads)."""
+    cmd = [str(Path(python).with_name("vllm")), "serve", model_path, "--host", launch.host, "--port", str(launch.port)]
+    if launch.tp_size > 1:
+        cmd += ["--tensor-parallel-size", str(launch.tp_size)]
+    if launch.dp_size > 1:
+        cmd += ["--data-parallel-size", str(launch.dp_size)]
+    if enable_thinking:
+        cmd += ["--reasoning-parser", "qwen3"]
+    cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    if draft_model is not None:
+        spec = {"method": "dflash", "model": str(draft_model),
+                "num_speculative_tokens": draft_block_size(draft_model) - 1}
+        cmd += ["--speculative-config", json.dumps(spec)]
     return cmd
 
 

@@ -5,6 +5,11 @@ It renders every prompt with the one render (:func:`draftline.core.chat.render`)
 with special tokens skipped as SGLang does by default, and splits reasoning from the answer at ``</think>``
 the way SGLang's ``qwen3`` reasoning parser does, and takes tool calls out of the answer as its ``qwen25`` tool-call
 parser does (:mod:`draftline.generate.tool_calls`), so a record looks the same whichever backend made it.
+
+With ``generate.draft_model`` each prompt is decoded alone (batch size 1) by the speculative loop of
+:mod:`draftline.drafter.decoding`, the target verifying the drafter's blocks: greedy, the same tokens as the batched
+decoding without it (tested); sampled, the same distribution but other draws. Either way it is not part of the
+journal key: switching the drafter on or off never re-sends a finished prompt.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ def split_reasoning(text: str, think_start: str, think_end: str, in_reasoning: b
 class LocalBackend:
     """Generates replies for batches of ``(messages, tools)`` with the sampling params of the run."""
 
-    def __init__(self, info: TargetInfo, sampling: dict[str, Any], enable_thinking: bool, local: LocalParams):
+    def __init__(self, info: TargetInfo, sampling: dict[str, Any], enable_thinking: bool, local: LocalParams,
+                 draft_model: str | None):
         import torch
 
         self.torch = torch
@@ -52,6 +58,12 @@ class LocalBackend:
         self.tokenizer = load_tokenizer(info)
         dtype = getattr(torch, local.dtype) if local.dtype != "auto" else "auto"
         self.model = load_model(info, dtype=dtype, device=self.device)
+        self.proposer = None
+        if draft_model is not None:
+            from draftline.drafter.decoding import DFlashProposer
+            from draftline.drafter.model import DFlashDrafter
+
+            self.proposer = DFlashProposer(DFlashDrafter.from_pretrained(draft_model, self.model).to(self.model.dtype))
         self.stop_ids = sorted({info.end_of_turn_token_id, info.eos_token_id})
         pad = info.pad_token_id if info.pad_token_id is not None else info.eos_token_id
         self.pad_id = pad
@@ -66,6 +78,8 @@ class LocalBackend:
         texts = [render(self.tokenizer, m, t, enable_thinking=self.enable_thinking, generation_prompt=True)
                  for m, t in requests]
         ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        if self.proposer is not None:
+            return [self._speculative(x, text, tools) for x, text, (_, tools) in zip(ids, texts, requests)]
         width = max(len(x) for x in ids)
         input_ids = torch.tensor([[self.pad_id] * (width - len(x)) + x for x in ids], device=self.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=self.device)
@@ -94,6 +108,26 @@ class LocalBackend:
             reply = self.tokenizer.decode(row[:n], skip_special_tokens=True)
             results.append(self._result(reply, text, tools, finish, len(prompt_ids), n))
         return results
+
+    def _seed(self, text: str) -> int:
+        """Seeded by the request's content, so a resumed run samples a request exactly as an uninterrupted one."""
+        digest = hashlib.sha256((text + f"\n{self.sampling.get('seed', 0)}").encode()).digest()
+        return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+    def _speculative(self, prompt_ids: list[int], text: str, tools: list[Tool] | None) -> ChatResult:
+        """One request through the speculative loop (the target verifying the drafter's blocks)."""
+        from draftline.drafter.decoding import Sampling, speculative_generate
+
+        s = self.sampling
+        top_k = 0 if s.get("top_k") in (None, -1) else int(s["top_k"])
+        sampling = Sampling(float(s["temperature"]), float(s["top_p"]) if s["temperature"] > 0 else 1.0, top_k)
+        gen = speculative_generate(self.model, self.proposer, prompt_ids, int(s["max_tokens"]), self.stop_ids,
+                                   sampling, self._seed(text))
+        finish = "stop" if gen.stop_reason == "stop" else "length"
+        reply = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+        result = self._result(reply, text, tools, finish, len(prompt_ids), len(gen.tokens))
+        result.speculative = {"steps": gen.steps, "tokens": sum(gen.produced)}
+        return result
 
     def _result(self, reply: str, prompt_text: str, tools: list[Tool] | None, finish: str, n_prompt: int,
                 n_out: int) -> ChatResult:

@@ -30,6 +30,9 @@ class ChatResult:
     message: dict[str, Any]  # {"role": "assistant", "content", "reasoning_content"?, "tool_calls"?}
     finish_reason: str | None
     usage: dict[str, int]
+    # With a drafter: verification steps and the tokens they produced (the prefill's first token not counted);
+    # from the local loop, or SGLang's meta_info (spec_verify_ct). None without one.
+    speculative: dict[str, int] | None = None
 
 
 class RequestFailed(Exception):
@@ -85,12 +88,22 @@ def parse_reply(body: dict[str, Any]) -> ChatResult:
             for c in msg["tool_calls"]
         ]
     usage = body.get("usage") or {}
+    completion = int(usage.get("completion_tokens") or 0)
     return ChatResult(
         message=message,
         finish_reason=choice.get("finish_reason"),
-        usage={"prompt_tokens": int(usage.get("prompt_tokens") or 0),
-               "completion_tokens": int(usage.get("completion_tokens") or 0)},
+        usage={"prompt_tokens": int(usage.get("prompt_tokens") or 0), "completion_tokens": completion},
+        speculative=_spec_stats(choice.get("meta_info") or body.get("meta_info"), completion),
     )
+
+
+def _spec_stats(meta: dict[str, Any] | None, completion_tokens: int) -> dict[str, int] | None:
+    """SGLang's per-request speculative counts (``meta_info``, sent when a request asks ``return_meta_info``):
+    ``spec_verify_ct`` verification steps for ``completion_tokens`` tokens, the first from the prefill."""
+    steps = (meta or {}).get("spec_verify_ct")
+    if not isinstance(steps, int) or steps < 1 or completion_tokens < 1:
+        return None
+    return {"steps": steps, "tokens": completion_tokens - 1}
 
 
 @dataclass(frozen=True)

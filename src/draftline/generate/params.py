@@ -35,8 +35,9 @@ class LocalParams(Params):
 
 @dataclass(frozen=True)
 class LaunchParams(Params):
-    """``generate.launch``: the SGLang server the stage starts and stops itself."""
+    """``generate.launch``: the server (SGLang or vLLM) the stage starts and stops itself."""
 
+    engine: Literal["sglang", "vllm"]
     gpus: str | int | list[int] | None
     dp_size: int
     tp_size: int
@@ -72,6 +73,9 @@ class GenerateParams(Params):
     api_key_env: str | None
     launch: LaunchParams | None
     local: LocalParams
+    # A drafter checkpoint folder (e.g. the previous round's, under data/bases/): the target verifies its blocks, so
+    # generation is faster and the result the same (greedy: the same bytes). Not part of the journal key.
+    draft_model: str | None
 
     def api_key(self) -> str | None:
         """The bearer token from ``$<api_key_env>``; a named variable that is unset or empty is an error."""

@@ -28,17 +28,25 @@ class Regeneration:
         # A failed or half-done conversation resumes after its last finished turn: no finished request is resent.
         self.replies: list[dict[str, Any]] = list(prior["replies"]) if prior else []
         self.usage = dict(prior["usage"]) if prior else {"prompt_tokens": 0, "completion_tokens": 0}
+        # Speed, not result: kept in the journal entry beside the record, never in the completions.
+        self.speculative: dict[str, int] | None = dict(prior["speculative"]) if prior and prior.get("speculative") else None
 
     def next_request(self) -> list[dict[str, Any]]:
         return request_messages(self.head, self.turns, self.replies, len(self.replies))
 
     def _entry(self, status: str, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
+        if self.speculative is not None:
+            extra["speculative"] = dict(self.speculative)
         return {"id": self.prompt.id, "status": status, "replies": self.replies, "finish_reason": finish_reason,
                 "usage": dict(self.usage), **extra}
 
     def take(self, r: ChatResult) -> dict[str, Any] | None:
         for k in self.usage:
             self.usage[k] += r.usage.get(k, 0)
+        if r.speculative is not None:
+            spec = self.speculative or {"turns": 0, "steps": 0, "tokens": 0}
+            self.speculative = {"turns": spec["turns"] + 1, "steps": spec["steps"] + r.speculative["steps"],
+                                "tokens": spec["tokens"] + r.speculative["tokens"]}
         truncated = r.finish_reason == "length"
         if self.thinking and not truncated:
             m = r.message

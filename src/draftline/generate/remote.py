@@ -62,6 +62,10 @@ def request_body(s: GenerateParams, model: str) -> dict[str, Any]:
     if s.temperature > 0 and s.seed is not None:
         body["seed"] = s.seed
     body["chat_template_kwargs"] = template_kwargs(s.enable_thinking)
+    if s.draft_model is not None:
+        # SGLang's per-request speculative counts (meta_info.spec_verify_ct); vLLM ignores the field and reports
+        # acceptance only server-wide, in its /metrics counters (vllm:spec_decode_num_accepted_tokens_total).
+        body["return_meta_info"] = True
     return body
 
 

@@ -36,6 +36,18 @@ def _block(records: list[CompletionRecord], failures: Counter, truncated: int) -
     }
 
 
+def speculative(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a drafter did for these results (None when none was used): z-lab's acceptance (the mean over prompts of
+    tokens per verification step), the pooled tau, and the target forward passes saved (each turn's prefill + its
+    steps, against one forward per generated token)."""
+    spec = [e["speculative"] for e in entries if e.get("speculative") and e["speculative"]["steps"]]
+    if not spec:
+        return None
+    steps, tokens, turns = (sum(x[k] for x in spec) for k in ("steps", "tokens", "turns"))
+    return {"prompts": len(spec), "acceptance": round(sum(x["tokens"] / x["steps"] for x in spec) / len(spec), 4),
+            "tau": round(tokens / steps, 4), "forwards_saved": round(1 - (turns + steps) / (turns + tokens), 4)}
+
+
 def summarize(prompts: list[PromptRecord], entries: dict[str, dict[str, Any]],
               records: list[CompletionRecord]) -> dict[str, Any]:
     """The report: totals over the whole result (resumed rows included), then the same per source."""
@@ -56,10 +68,19 @@ def summarize(prompts: list[PromptRecord], entries: dict[str, dict[str, Any]],
     out = _block(records, sum(failures.values(), Counter()), sum(truncated.values()))
     out["prompts"] = len(prompts)
     out["per_source"] = {s: _block(by_source[s], failures[s], truncated[s]) for s in sources}
+    done = [(p.source, entries[p.id]) for p in prompts if p.id in entries and entries[p.id]["status"] != FAILED]
+    if (drafted := speculative([e for _, e in done])) is not None:
+        out["speculative"] = drafted
+        for s in sources:
+            out["per_source"][s]["speculative"] = speculative([e for src, e in done if src == s])
     return out
 
 
 def headline(details: dict[str, Any]) -> dict[str, Any]:
-    """The few figures compared between experiments: completions written, failed, truncated, their output tokens."""
-    return {"rows": details["completions"], "failed": details["failed"], "truncated": details["truncated"],
-            "tokens": details["output_tokens"]["total"]}
+    """The few figures compared between experiments: completions written, failed, truncated, their output tokens
+    (and with a drafter, its acceptance)."""
+    out = {"rows": details["completions"], "failed": details["failed"], "truncated": details["truncated"],
+           "tokens": details["output_tokens"]["total"]}
+    if "speculative" in details:  # with a drafter: how much it sped generation up
+        out["acceptance"] = details["speculative"]["acceptance"]
+    return out

@@ -24,7 +24,7 @@ from draftline.core.target import load_target
 from draftline.generate.batches import generate_local
 from draftline.generate.journal import OK, Journal, start_at
 from draftline.generate.key import journal_decides
-from draftline.generate.launcher import Server, launch_env, sglang_command
+from draftline.generate.launcher import Server, launch_env, server_command
 from draftline.generate.order import dispatch_order, prefix_group
 from draftline.generate.params import GenerateParams
 from draftline.generate.progress import Progress
@@ -47,8 +47,8 @@ class GenerateArgs(StageArgs):
 
 
 def dispatch(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
-    """Generate ``work``'s pending prompts with the configured backend (starting an SGLang server when ``launch`` is
-    set, its log beside the journal). Returns the requests sent and their retries."""
+    """Generate ``work``'s pending prompts with the configured backend (starting an SGLang or vLLM server when
+    ``launch`` is set, its log beside the journal). Returns the requests sent and their retries."""
     if not work.plan.pending:
         return {"requests": 0, "retries": 0}
     if s.backend == "local":
@@ -58,8 +58,8 @@ def dispatch(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
         return asyncio.run(generate_remote(work, s, s.endpoints, model))
     cfg = s.launch
     url = f"http://{cfg.host}:{cfg.port}"
-    with Server(sglang_command(info.path, cfg, s.enable_thinking), url, work.journal.folder / "sglang.log",
-                health_timeout_s=cfg.health_timeout_s, env=launch_env(cfg)):
+    with Server(server_command(info.path, cfg, s.enable_thinking, s.draft_model), url,
+                work.journal.folder / f"{cfg.engine}.log", health_timeout_s=cfg.health_timeout_s, env=launch_env(cfg)):
         return asyncio.run(generate_remote(work, s, [url], model))
 
 
