@@ -20,6 +20,9 @@ of actions taken by its successive requests: "400", "429", "500", "503" (error b
 (a 200 with an empty ``choices``), "othermodel" (a reply naming another model), "ok". ``truncate`` holds ids answered
 with ``finish_reason: "length"``. ``delay_s`` delays every answer. Every request is logged in ``requests``.
 ``api_key`` makes it answer as ``--api-key`` does: 401 ``{"error": "Unauthorized"}`` without ``Bearer <key>``.
+``spec_accept_length`` makes it answer as a server run with ``--speculative-algorithm``: a request that asks
+``return_meta_info`` gets the choice's ``meta_info`` with ``spec_verify_ct``, the verification steps its
+completion tokens took (``completion_tokens / spec_accept_length``, rounded up), as SGLang's scheduler counts them.
 
 Run as a script (``python tests/sglang_server.py --port 30000``) it serves until killed.
 """
@@ -64,8 +67,9 @@ def reply_for(body: dict[str, Any]) -> tuple[str, str]:
 class FakeSGLang:
     def __init__(self, model: str = "default", delay_s: float = 0.0, reasoning_parser: bool = True,
                  faults: dict[str, list[str]] | None = None, truncate: set[str] | frozenset = frozenset(),
-                 api_key: str | None = None):
+                 api_key: str | None = None, spec_accept_length: float | None = None):
         self.model = model
+        self.spec_accept_length = spec_accept_length
         self.api_key = api_key
         self.delay_s = delay_s
         self.reasoning_parser = reasoning_parser
@@ -105,7 +109,8 @@ class FakeSGLang:
         pid = rid.split(".", 1)[0]
         queue = self.faults.get(pid)
         action = queue.pop(0) if queue else "ok"
-        self.requests.append({"rid": rid, "id": pid, "action": action, "t": time.monotonic()})
+        entry = {"rid": rid, "id": pid, "action": action, "t": time.monotonic()}
+        self.requests.append(entry)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if action.isdigit():
@@ -124,6 +129,7 @@ class FakeSGLang:
                                 content_type="application/json")
         try:
             body = json.loads(await request.read())
+            entry["body"] = body
             if not isinstance(body.get("messages"), list) or not body["messages"]:
                 raise ValueError("messages: Field required")
         except ValueError as e:
@@ -160,6 +166,11 @@ class FakeSGLang:
             else:
                 text, reasoning_text = answer, None
         n_prompt = len(compact(body["messages"])) // 4
+        choice_meta = None
+        if self.spec_accept_length and body.get("return_meta_info"):
+            choice_meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": finish}, "prompt_tokens": n_prompt,
+                           "completion_tokens": n_out, "cached_tokens": 0,
+                           "spec_verify_ct": -(-n_out // self.spec_accept_length)}
         return {
             "id": uuid.uuid4().hex,
             "object": "chat.completion",
@@ -172,6 +183,7 @@ class FakeSGLang:
                 "logprobs": None,
                 "finish_reason": finish,
                 "matched_stop": matched,
+                **({"meta_info": choice_meta} if choice_meta else {}),
             }],
             "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out, "completion_tokens": n_out,
                       "prompt_tokens_details": None, "reasoning_tokens": 0},

@@ -74,6 +74,30 @@ def test_exact_outputs_in_prompt_order(tmp_path):
     assert {f: (tmp_path / f).read_bytes() for f in results} == results
 
 
+def test_a_speculating_servers_acceptance_is_read_from_sglangs_meta_info(tmp_path, monkeypatch):
+    """With generate.draft_model the requests ask SGLang for meta_info; its spec_verify_ct per request gives the
+    acceptance per source. The completions are the same bytes as without it."""
+    prompts = make_prompts(6)
+    with FakeSGLang() as srv:
+        plain = sglang_params(srv.url)
+        run_in(make_project(tmp_path / "plain", prompts, plain), plain)
+        assert srv.requests and not any("return_meta_info" in r["body"] for r in srv.requests)
+    # A journal of its own: over the plain run's journal the drafter would send nothing (not in the journal key).
+    monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "other-cache"))
+    with FakeSGLang(spec_accept_length=3) as srv:
+        p = {**sglang_params(srv.url), "draft_model": "data/bases/round1-drafter"}
+        m = run_in(make_project(tmp_path / "drafted", prompts, p), p)
+        assert len(srv.requests) == 6 and all(r["body"]["return_meta_info"] is True for r in srv.requests)
+    assert shard_bytes(tmp_path / "drafted") == shard_bytes(tmp_path / "plain")
+    rows = read_rows(tmp_path / "drafted")
+    steps = [-(-r["usage"]["completion_tokens"] // 3) for r in rows]
+    tokens = [r["usage"]["completion_tokens"] - 1 for r in rows]
+    spec = m.details["speculative"]
+    assert spec["prompts"] == 6 and spec["tau"] == round(sum(tokens) / sum(steps), 4)
+    assert spec["acceptance"] == round(sum(t / s for t, s in zip(tokens, steps)) / 6, 4) == m.headline["acceptance"]
+    assert set(m.details["per_source"]["alpha"]["speculative"]) == {"prompts", "acceptance", "tau", "forwards_saved"}
+
+
 def test_failures_recorded_then_retried_on_the_next_run(tmp_path):
     prompts = make_prompts(6)
     bad, flaky = prompts[1].id, prompts[4].id
