@@ -47,9 +47,10 @@ def target_info(path: str = "/models/fake-qwen3") -> TargetInfo:
 
 
 def sglang_params(url: str | list[str], **kw: Any) -> dict[str, Any]:
-    """generate params for the sglang backend against ``url`` (or several), with quick retries."""
+    """generate params for the sglang backend against ``url`` (or several), greedy, with quick retries."""
     return {"backend": "sglang", "endpoints": [url] if isinstance(url, str) else url, "concurrency": 4,
-            "shard_size": 4, "max_tokens": 32, "retries": 3, "backoff_s": 0.01, "backoff_max_s": 0.05, **kw}
+            "shard_size": 4, "max_tokens": 32, "retries": 3, "backoff_s": 0.01, "backoff_max_s": 0.05,
+            "temperature": 0.0, "top_p": 1.0, "top_k": -1, **kw}
 
 
 def full(params: dict[str, Any]) -> dict[str, Any]:

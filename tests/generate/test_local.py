@@ -50,7 +50,7 @@ def _run(tmp_path, target, params):
     return execute("generate", run_generate, gen_params(params), args)
 
 
-LOCAL = {"backend": "local", "max_tokens": 12, "shard_size": 3, "keep_truncated": True,
+LOCAL = {"backend": "local", "max_tokens": 12, "shard_size": 3, "keep_truncated": True, "temperature": 0.0,
          "local": {"device": "cpu", "dtype": "float32", "batch_size": 3, "workers": 1}}
 
 

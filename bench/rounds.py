@@ -1,0 +1,149 @@
+"""Rounds that feed each other, on the embedded default: the README's round sequence, measured.
+
+Per target seed, in a temporary git + DVC clone of this repository (tests/project_clone.py):
+
+1. **round 1**: ``dvc repro`` as shipped; its merged set, drafter and evaluation kept as the README says
+   (``data/bases/round1``, ``data/drafters/round1`` and its ``eval.json``), committed, tagged ``round1`` and pushed
+   to a local DVC remote;
+2. **round 2, warm**: ``dvc exp run`` with ``merge.base`` = round 1's merged set, ``train.init_from`` and
+   ``generate.draft_model`` = round 1's drafter, the blend steered by round 1's evaluation (``blend.steer``),
+   ``blend.total`` new prompts, and a third of round 1's train steps;
+3. **round 2, cold**: the same base and new-prompt budget, no init, no steering, no drafter, round 1's steps;
+4. rollback: ``git checkout round1 && dvc checkout`` gives round 1's merged set and drafter back byte-identical.
+
+It prints, round 2 (warm and cold) against round 1: z-lab's acceptance greedy and sampled, overall (held-out) and
+per source, the pooled tau; the train steps each drafter had; the target forwards saved during generation (the
+drafter's acceptance there); new prompts picked that were already in the base; workspace + cache growth per new
+shard byte; and whether the rollback restored round 1 byte for byte.
+
+    nice -n 10 python bench/rounds.py --seeds 0 1      # about 35 minutes a seed on a quiet 2-core machine
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+
+import argparse  # noqa: E402
+import json
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from project_clone import digest, make_project, run
+from scale import disk
+
+ROUND2_TOTAL = 500  # the embedded samples hold 1,730 train prompts; round 1 takes 1,200
+
+
+def figures(root: Path) -> dict[str, Any]:
+    """Acceptance per setting (held-out and per source), tau, train steps, generation's drafter figures."""
+    settings = json.loads((root / "reports/eval.json").read_text())["settings"]
+    generate = json.loads((root / "reports/generate.json").read_text())
+    out: dict[str, Any] = {"steps": json.loads((root / "metrics/train.json").read_text())["steps"],
+                           "generation": generate.get("speculative")}
+    for name, s in settings.items():
+        out[name] = {"acceptance": s["per_set"]["heldout"]["acceptance"], "tau": s["per_set"]["heldout"]["tau"],
+                     "per_source": {k: v["acceptance"] for k, v in s["per_source"].items()}}
+    return out
+
+
+def base_ids(root: Path) -> set[str]:
+    """The prompt ids of round 1's merged set (a row's id is its prompt's)."""
+    from draftline.core.dataset import mapped_shards, shard_files
+
+    folder = root / "data/bases/round1"
+    return {i for t in mapped_shards(folder, shard_files(folder)) for i in t.column("id").to_pylist()}
+
+
+def picked_again(root: Path, base: set[str]) -> int:
+    prompts = [json.loads(x)["id"] for x in (root / "data/prompts/train.jsonl").read_text().splitlines()]
+    return sum(p in base for p in prompts)
+
+
+def keep_round1(root: Path, env: dict[str, str]) -> None:
+    """The README's steps: round 1's merged set and drafter become tracked inputs, the version is tagged and pushed."""
+    for src, dst in (("data/merged", "data/bases/round1"), ("data/checkpoints", "data/drafters/round1")):
+        run(["cp", "-rl", src, dst], root, env)
+        run(["dvc", "add", dst], root, env)
+    shutil.copy(root / "reports/eval.json", root / "data/drafters/round1.eval.json")
+    run(["dvc", "remote", "add", "-d", "local", str(root.parent / f"{root.name}-remote")], root, env)
+    run(["git", "add", "-A"], root, env)
+    run(["git", "commit", "-qm", "round 1"], root, env)
+    run(["git", "tag", "round1"], root, env)
+    run(["dvc", "push", "-q"], root, env)
+
+
+def round2(root: Path, env: dict[str, str], warm: bool, steps: int) -> tuple[dict[str, Any], float]:
+    sets = ["-S", "merge.base=data/bases/round1", "-S", f"blend.total={ROUND2_TOTAL}", "-S", f"train.max_steps={steps}"]
+    if warm:
+        sets += ["-S", "train.init_from=data/drafters/round1", "-S", "generate.draft_model=data/drafters/round1",
+                 "-S", "blend.steer={eval: data/drafters/round1.eval.json, setting: sampled, strength: 1.0}"]
+    before = sum(disk(root))
+    t0 = time.perf_counter()
+    run(["dvc", "exp", "run", *sets], root, env, timeout=7200)
+    wall = time.perf_counter() - t0
+    out = figures(root)
+    new_shards = sum(p.stat().st_size for p in (root / "data/tokenized").glob("*.arrow"))
+    out["growth_per_new_byte"] = round((sum(disk(root)) - before) / new_shards, 3) if new_shards else None
+    out["picked_again"] = picked_again(root, base_ids(root))
+    run(["git", "checkout", "--", "."], root, env)
+    run(["dvc", "checkout", "--force", "-q"], root, env)
+    return out, wall
+
+
+def measure(seed: int) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix=f"rounds-seed{seed}-"))
+    try:
+        env = make_project(root, {"target": {"seed": seed}})
+        run(["dvc", "repro"], root, env, timeout=7200)
+        r1 = figures(root)
+        merged, drafter = digest(root / "data/merged"), digest(root / "data/checkpoints")
+        keep_round1(root, env)
+        warm, warm_s = round2(root, env, True, r1["steps"] // 3)
+        cold, cold_s = round2(root, env, False, r1["steps"])
+        run(["git", "checkout", "-q", "round1"], root, env)
+        run(["dvc", "checkout", "--force", "-q"], root, env)
+        restored = digest(root / "data/merged") == merged and digest(root / "data/checkpoints") == drafter
+        return {"seed": seed, "round1": r1, "warm": warm, "cold": cold, "restored": restored,
+                "seconds": {"warm": round(warm_s), "cold": round(cold_s)}}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root.parent / f"{root.name}-remote", ignore_errors=True)
+
+
+def report(r: dict[str, Any]) -> str:
+    runs = {"round 1": r["round1"], "round 2 warm + steered": r["warm"], "round 2 cold": r["cold"]}
+    header = ["", *runs]
+    rows = [[f"{s} acceptance (tau)"] + [f"{x[s]['acceptance']:.2f} ({x[s]['tau']:.2f})" for x in runs.values()]
+            for s in ("greedy", "sampled")]
+    for source in sorted(r["round1"]["sampled"]["per_source"]):
+        rows.append([f"{source}, sampled"] + [f"{x['sampled']['per_source'].get(source, 0):.2f}" for x in runs.values()])
+    rows.append(["weakest source, sampled"] + [f"{min(x['sampled']['per_source'].values()):.2f}" for x in runs.values()])
+    rows.append(["train steps"] + [str(x["steps"]) for x in runs.values()])
+    rows.append(["generation: acceptance / forwards saved"] + [
+        "-" if not x.get("generation") else f"{x['generation']['acceptance']:.2f} / {x['generation']['forwards_saved']:.0%}"
+        for x in runs.values()])
+    rows.append(["new prompts already in the base"] + ["-"] + [str(x["picked_again"]) for x in (r["warm"], r["cold"])])
+    rows.append(["workspace + cache growth / new shard byte"] + ["-"] + [
+        str(x["growth_per_new_byte"]) for x in (r["warm"], r["cold"])])
+    lines = [f"seed {r['seed']}: rollback to round 1 byte-identical: {r['restored']}; "
+             f"round 2 wall: warm {r['seconds']['warm']} s, cold {r['seconds']['cold']} s", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    for seed in ap.parse_args().seeds:
+        result = measure(seed)
+        print(json.dumps(result), flush=True)
+        print(report(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
