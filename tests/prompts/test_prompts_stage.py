@@ -11,6 +11,7 @@ import pytest
 from conftest import default_params
 
 from draftline.conversations.params import ConversationsParams
+from draftline.core.classify import DOMAINS
 from draftline.core.jsonl import iter_jsonl
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation
@@ -73,7 +74,8 @@ def _rows(path: Path) -> list[dict]:
     return [v for _, v, _ in iter_jsonl(path)]
 
 
-BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval_per_source": 1, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}}}
+BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval_per_source": 1, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}},
+         "target_mix": None, "max_domain_share": None}
 
 
 @pytest.mark.parametrize("total", [17, 40])
@@ -96,15 +98,22 @@ def test_gives_exactly_total_train_rows_and_a_disjoint_eval(env: Path, total: in
     headline = json.loads((o / "prompts-metrics.json").read_text())
     assert headline == {"rows": total, "tokens": metrics["train_tokens"], "eval_rows": metrics["eval_rows"],
                         "duplicates": sum(m["exact_duplicates"] + m["near_duplicates"] for m in metrics["sources"].values()),
-                        "skipped": skips.total()}
-    assert (o / "prompts-mix.csv").read_text().splitlines()[0].startswith("source,rows_read,")
+                        "skipped": skips.total(), **{f"mix_{d}": metrics["mix"]["merged_shares"][d] for d in DOMAINS},
+                        "lang_en": metrics["mix"]["merged_language_shares"]["en"]}
+    # The content mix: every train row has a domain, per source and in total; no base, so merged = new.
+    assert sum(sum(m["domains"].values()) for m in metrics["sources"].values()) == total
+    assert metrics["mix"]["merged_amounts"] == metrics["mix"]["new_amounts"]
+    assert sum(metrics["mix"]["new_amounts"].values()) == total
+    assert metrics["sources"]["codefeedback"]["domains"]["code"] == metrics["sources"]["codefeedback"]["achieved_rows"]
+    assert (o / "prompts-mix.csv").read_text().splitlines()[0] == "source,series,rows"
+    assert (o / "prompts-shares.csv").read_text().splitlines()[0] == "domain,series,share"
 
 
 def test_two_runs_are_byte_identical(env: Path) -> None:
     _, a = _run(env, "a", BLEND)
     _, b = _run(env, "b", BLEND)
     for f in ("prompts/train.jsonl", "prompts/eval.jsonl", "prompts-mix.csv", "prompts-metrics.json",
-              "prompts-report.json"):
+              "prompts-report.json", "prompts-shares.csv", "prompts-languages.csv"):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     assert json.loads(run_file(a / "prompts-report.json").read_text())["stage_seconds"] >= 0  # the run's alone
     _, c = _run(env, "c", {**BLEND, "seed": 1})
@@ -144,7 +153,8 @@ def test_an_infeasible_blend_run_as_dvc_runs_it_prints_one_line_and_exits_1(env:
     o = env / "refused"
     argv = ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
             str(env / "target/target.json"), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
-            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv")]
+            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
+            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv")]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main("prompts", PromptsArgs, lambda _: settings, run_prompts, argv)
