@@ -2,43 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from merge_support import chat_rows, train_tokenizer, write_legacy, write_target, write_tokenized
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from merge_support import train_tokenizer, write_legacy, write_target, write_tokenized  # noqa: E402
-
-from draftline.core import dataset as fmt  # noqa: E402
-from draftline.core.mix import Mix, folder_mix, read_record, shares, write_record  # noqa: E402
-
-PROMPTS = {
-    "code": "Write a Python function that returns the median of a list.",
-    "math": "Tom has 12 apples and gives 5 away. How many apples does he have left?",
-    "tool_use": "<|im_start|>system\n# Tools\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"w\"}}\n"
-                "</tools><|im_end|>\n<|im_start|>user\nWhat is the weather in Oslo?",
-    "general": "Describe the first snow of winter in a few sentences.",
-}
-
-
-def chat_rows(tok_dir: Path, domains: list[str]) -> "fmt.pa.Table":
-    """One tokenized row per domain name: its prompt (chat template rendered), a short supervised reply."""
-    tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-    offsets, ids, mask = [0], [], []
-    for i, d in enumerate(domains):
-        body = PROMPTS[d]
-        prompt = (body if body.startswith("<|im_start|>") else f"<|im_start|>user\n{body}") + f" ({i})<|im_end|>\n"
-        prompt += "<|im_start|>assistant\n"
-        p = tok(prompt, add_special_tokens=False)["input_ids"]
-        a = tok("an answer<|im_end|>\n", add_special_tokens=False)["input_ids"]
-        ids += p + a
-        mask += [False] * len(p) + [True] * len(a)
-        offsets.append(len(ids))
-    return fmt.build_table([f"r{i}" for i in range(len(domains))], ["s"] * len(domains), np.array(offsets),
-                           np.array(ids), np.array(mask))
+from draftline.core.mix import Mix, folder_mix, read_record, shares, write_record
 
 
 @pytest.fixture(scope="module")

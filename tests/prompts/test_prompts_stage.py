@@ -12,6 +12,7 @@ from conftest import default_params
 
 from draftline.conversations.params import ConversationsParams
 from draftline.core.classify import DOMAINS
+from merge_support import chat_rows, write_legacy
 from draftline.core.jsonl import iter_jsonl
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation
@@ -60,14 +61,14 @@ def env(datasets_dir: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.
     return root
 
 
-def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, adapters=None):
+def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, adapters=None, base: Path | None = None, stage=False):
     """The stage's report (its details) and the folder holding ``prompts/`` and its metrics, report and plot."""
     adapters = adapters or {name: a for name, (_, a) in SOURCES.items()}
     o = env / out
     settings = PromptsSettings(list(SOURCES), PromptsParams.parse(prompts, "prompts"), DedupParams.parse(DEDUP, "dedup"),
-                               BlendParams.parse(blend, "blend"), False)
-    stage = run.prompts(env, settings, out=o / "prompts", conversations_dir=_conversations(env, adapters))
-    return stage.details, o
+                               BlendParams.parse(blend, "blend"), False, str(base) if base else None)
+    done = run.prompts(env, settings, out=o / "prompts", conversations_dir=_conversations(env, adapters))
+    return (done if stage else done.details), o
 
 
 def _rows(path: Path) -> list[dict]:
@@ -199,3 +200,61 @@ def test_prompts_strict_stops_at_a_conversation_with_no_prompt(env: Path, tmp_pa
     with pytest.raises(SkipError, match="x row 0: no_user"):
         run.prompts(tmp_path, settings, out=tmp_path / "p", target_dir=env / "target")
     assert not (tmp_path / "p").exists()
+
+
+# A base skewed as the reference run's was: 77% code (a legacy folder: its mix is labelled from its tokens).
+SKEWED = ["code"] * 77 + ["math"] * 8 + ["tool_use"] * 5 + ["general"] * 10
+
+
+@pytest.fixture(scope="module")
+def skewed_base(env: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("bases") / "skewed"
+    write_legacy(folder, chat_rows(qwen3_tokenizer_dir, SKEWED))
+    return folder
+
+
+def test_target_mix_brings_the_merged_set_exactly_to_the_request(env: Path, skewed_base: Path) -> None:
+    target = {"code": 0.6, "math": 0.1, "tool_use": 0.15, "general": 0.15}
+    stage, o = _run(env, "aimed", {**BLEND, "target_mix": target}, base=skewed_base, stage=True)
+    mix = stage.details["mix"]
+    assert mix["base_amounts"] == {"code": 77, "math": 8, "tool_use": 5, "general": 10}
+    # 140 merged rows: code 84 = 77 + 7 new, math 14 = 8 + 6, tool_use 21 = 5 + 16, general 21 = 10 + 11.
+    assert mix["new_amounts"] == {"code": 7, "math": 6, "tool_use": 16, "general": 11} == mix["aimed_new_amounts"]
+    assert mix["merged_shares"] == target and mix["requested_shares"] == target
+    assert len(_rows(o / "prompts/train.jsonl")) == 40
+    # whole: true still takes codefeedback in full; its one row counts towards code's 7.
+    assert stage.details["sources"]["codefeedback"]["achieved_rows"] == stage.details["sources"]["codefeedback"]["available"] - 0
+    headline = json.loads((o / "prompts-metrics.json").read_text())
+    assert headline["mix_code"] == 0.6 and headline["mix_tool_use"] == 0.15
+    shares = (o / "prompts-shares.csv").read_text().splitlines()
+    assert "code,requested,0.6" in shares and "code,merged,0.6" in shares and "code,base,0.77" in shares
+    # The base was labelled by the first run; this one reads the cached labels.
+    again, _ = _run(env, "aimed2", {**BLEND, "target_mix": target}, base=skewed_base, stage=True)
+    assert again.run["base_mix"]["shards_labelled"] == 0 and again.run["base_mix"]["shards_cached"] >= 1
+    assert again.details == stage.details
+
+
+def test_an_unreachable_target_fails_before_writing_naming_the_closest_mix(env: Path, skewed_base: Path) -> None:
+    # 40 new rows cannot bring a 77%-code base of 100 rows down to 40% code: 77 of 140 is 55% at best.
+    with pytest.raises(BlendError, match=r"blend.target_mix .* cannot be met .* closest achievable merged mix is "
+                                         r"\{code: 0\.55\d, .*set blend.target_mix to it"):
+        _run(env, "unreachable", {**BLEND, "target_mix": {"code": 0.4, "math": 0.2, "tool_use": 0.1, "general": 0.3}},
+             base=skewed_base)
+    assert not (env / "unreachable").exists()
+
+
+def test_max_domain_share_stops_an_over_skewed_blend_before_writing(env: Path, skewed_base: Path) -> None:
+    with pytest.raises(BlendError, match=r"the merged set would be 60\.7% code \(85 of 140 samples: base 77, new 8\), over blend.max_domain_share=0.5"):
+        _run(env, "skewed", {**BLEND, "max_domain_share": 0.5}, base=skewed_base)
+    assert not (env / "skewed").exists()
+    details, _ = _run(env, "fine", {**BLEND, "max_domain_share": 0.5})  # the new rows alone: within it
+    assert max(details["mix"]["merged_shares"].values()) <= 0.5
+
+
+def test_target_mix_in_tokens_meets_each_domain_within_a_row(env: Path) -> None:
+    target = {"code": 0.25, "math": 0.25, "tool_use": 0.25, "general": 0.25}
+    details, _ = _run(env, "aimed_tokens", {**BLEND, "unit": "tokens", "total": 6000, "target_mix": target,
+                                            "sources": {}})
+    mix = details["mix"]
+    assert mix["aimed_new_amounts"] == {d: 1500 for d in DOMAINS}
+    assert all(1500 <= mix["new_amounts"][d] < 1500 + 2000 for d in DOMAINS)
