@@ -30,9 +30,11 @@ from merge_support import (
 )
 
 from draftline.core import dataset as fmt
+from draftline.core.classify import DOMAINS
 from draftline.core.dataset import ORDER_FILE, load_training_set
 from draftline.core.errors import MissingInput, Refusal
 from draftline.core.files import DiskFullError
+from draftline.core.mix import read_record
 from draftline.core.runner import StageRun, execute, main, run_file
 from draftline.merge.carry import CarryError
 from draftline.merge.guards import PROMPT_KEY_PREFIX, MergeGuardError
@@ -65,7 +67,7 @@ def stage_args(root: Path, out: Path | None = None) -> MergeArgs:
     """The paths dvc.yaml passes, under ``root``."""
     return MergeArgs(tokenized=root / "data/tokenized", target=root / "data/target/target.json",
                      out=out or root / "data/merged", metrics=root / "metrics/merge.json",
-                     report=root / "reports/merge.json")
+                     report=root / "reports/merge.json", plot=root / "plots/merge_mix.csv")
 
 
 def merge_run(root: Path, out: Path | None = None, **params) -> StageRun:
@@ -177,10 +179,16 @@ def test_stats_match_the_rows(world):
     assert mix["old"]["share_rows"] == pytest.approx(40 / 65, abs=1e-6)
     assert mix["fresh"]["share_tokens"] == pytest.approx(kept_n.sum() / all_n.sum(), abs=1e-6)
     assert json.loads((root / "reports/merge.json").read_text()) == json.loads(json.dumps({**m, "skips": {}}))
+    content = m["mix"]  # by content: every row of base, new and merged has a domain and a language
+    assert [sum(content[k]["rows"].values()) for k in ("base", "new", "merged")] == [40, 25, 65]
+    assert sum(content["merged"]["tokens"].values()) == int(all_n.sum()) and content["merged"]["languages"] == {"en": 65}
     assert json.loads((root / "metrics/merge.json").read_text()) == {
         "rows": 65, "tokens": int(all_n.sum()), "loss_tokens": loss, "dropped": 5, "base_rows": 40, "skipped": 0,
+        **{f"mix_{d}": content["merged"]["row_shares"][d] for d in DOMAINS}, "lang_en": 1.0,
     }
-    assert set(json.loads(run_file(root / "reports/merge.json").read_text())) == {"stage_seconds"}
+    # mix.json records every shard of the merged set by its checksum.
+    assert set(read_record(root / "data/merged")) == {s.xxh3_128 for s in fmt.read_meta(root / "data/merged").shards}
+    assert set(json.loads(run_file(root / "reports/merge.json").read_text())) == {"stage_seconds", "mix"}
 
 
 def test_deterministic_and_seeded(world):

@@ -9,10 +9,10 @@ from pathlib import Path
 import early_stages as run
 import pytest
 from conftest import default_params
+from merge_support import chat_rows, write_legacy
 
 from draftline.conversations.params import ConversationsParams
 from draftline.core.classify import DOMAINS
-from merge_support import chat_rows, write_legacy
 from draftline.core.jsonl import iter_jsonl
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation

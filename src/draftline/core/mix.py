@@ -143,10 +143,10 @@ def _lang_codes(langs: list[str]) -> tuple[np.ndarray, list[str]]:
     return np.array([index[g] for g in langs], np.uint8), codes
 
 
-def shard_labels(path: Path, checksum: str, table: pa.Table, tokenizer: Any, cache: Path | None = None
+def shard_labels(checksum: str, table: pa.Table, tokenizer: Any, cache: Path | None = None
                  ) -> tuple[list[str], list[str], bool]:
-    """Every row's (domains, languages) of shard file ``path`` (checksum ``checksum``): from the cache, else
-    labelled and cached. The last value says whether it was labelled here."""
+    """Every row's (domains, languages) of the shard file with checksum ``checksum`` (holding ``table``): from the
+    cache, else labelled and cached. The last value says whether it was labelled here."""
     f = _cache_file(checksum, cache)
     if f.is_file():
         with np.load(f, allow_pickle=False) as z:
@@ -218,22 +218,36 @@ def num_tokens_of(table: pa.Table) -> np.ndarray:
 def folder_mix(folder: str | os.PathLike, tokenizer: Any, cache: Path | None = None, keep_labels: bool = False
                ) -> tuple[FolderMix, list[tuple[list[str], list[str]]] | None]:
     """The mix of every shard of ``folder``: from its ``mix.json``, else per-row labels cached by checksum, else
-    labelled now (and cached). With ``keep_labels`` also every shard's per-row labels (labelling shards that are
-    only recorded in aggregate would defeat the record, so a recorded shard then gives None)."""
+    labelled now (and cached). With ``keep_labels`` also every shard's per-row labels (the record holds counts
+    only, so then every shard's labels come from the cache or are labelled). ``tokenizer`` is only used to decode
+    a shard that is neither recorded nor cached."""
     folder = Path(folder)
-    record = read_record(folder)
+    items = [(folder / name, checksum, None) for name, checksum in folder_shards(folder)]
+    return tables_mix(items, tokenizer, cache, read_record(folder), keep_labels)
+
+
+def tables_mix(items: list[tuple[Path | None, str | None, pa.Table | None]], tokenizer: Any, cache: Path | None,
+               record: dict[str, Mix], keep_labels: bool = False
+               ) -> tuple[FolderMix, list[tuple[list[str], list[str]]] | None]:
+    """:func:`folder_mix` over ``(shard file, its checksum or None, its table or None: mapped here)``; an item
+    without a file (rows read from another trainer's format) is labelled without a record or a cache."""
     out = FolderMix([], [])
     labels: list[tuple[list[str], list[str]]] | None = [] if keep_labels else None
-    for name, checksum in folder_shards(folder):
-        path = folder / name
-        checksum = checksum or file_xxh3_128(path)
-        out.checksums.append(checksum)
+    for path, checksum, table in items:
+        if path is not None and checksum is None:
+            checksum = file_xxh3_128(path)
+        out.checksums.append(checksum or "")
         if checksum in record and not keep_labels:
             out.shards.append(record[checksum])
             out.recorded += 1
             continue
-        table = fmt.mapped_shards(folder, [name])[0]
-        domains, langs, fresh = shard_labels(path, checksum, table, tokenizer, cache)
+        if table is None:
+            assert path is not None
+            table = fmt.mapped_shards(path.parent, [path.name])[0]
+        if checksum:
+            domains, langs, fresh = shard_labels(checksum, table, tokenizer, cache)
+        else:
+            (domains, langs), fresh = label_table(table, tokenizer), True
         out.shards.append(Mix.of_labels(domains, langs, num_tokens_of(table)))
         if fresh:
             out.labelled += 1

@@ -256,13 +256,19 @@ class PromptsArgs(StageArgs):
     plot_languages: Path
 
 
-def base_mix(base: str | None, tokenizer: Any, stage: StageRun) -> Mix:
-    """The recorded mix of ``merge.base`` (labelled here, once, where nothing is recorded); empty without a base."""
+def base_mix(base: str | None, tokenizer: Any, stage: StageRun, needed: bool) -> Mix:
+    """The recorded mix of ``merge.base`` (labelled here, once, where nothing is recorded); empty without a base.
+    A base that is not a ``save_to_disk`` folder (another trainer's export) has no shards to key a record by: it
+    is left out of the report, and refused where ``needed`` (a target mix or a domain cap counts it)."""
     if base is None:
         return Mix()
-    if not Path(base).is_dir():
-        raise MissingInput(f"merge.base {base} is not a folder: the prompt stage reads its mix (blend.target_mix, "
-                           "blend.max_domain_share); set merge.base to a dataset folder or null")
+    if not (Path(base) / "state.json").is_file():
+        if needed:
+            raise MissingInput(f"merge.base {base} is not a datasets save_to_disk folder, so its mix is unknown to "
+                               "blend.target_mix and blend.max_domain_share: merge it once (its merged folder "
+                               "records its mix) and use that as merge.base, or set both to null")
+        log.warning("merge.base %s is not a save_to_disk folder: the report's mix leaves it out", base)
+        return Mix()
     started = time.perf_counter()
     fm, _ = folder_mix(base, tokenizer)
     stage.run["base_mix"] = {"shards_recorded": fm.recorded, "shards_cached": fm.cached, "shards_labelled": fm.labelled,
@@ -281,7 +287,7 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     kept = deduplicate(records, reports, p.dedup, order)
     tokenizer = load_tokenizer(load_target(args.target))
     cost = Costs(kept, tokenizer, p.enable_thinking)
-    base = base_mix(p.base, tokenizer, stage)
+    base = base_mix(p.base, tokenizer, stage, p.blend.target_mix is not None or p.blend.max_domain_share is not None)
     labels = Labels(kept)
     started = time.perf_counter()
     blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit))
