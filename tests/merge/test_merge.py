@@ -20,6 +20,7 @@ import pytest
 import xxhash
 from conftest import default_params
 from merge_support import (
+    chat_rows,
     file_hashes,
     make_rows,
     save_int64,
@@ -487,3 +488,30 @@ def test_refused_by_the_reencode_check_after_staging_publishes_nothing(world, tm
 def test_unknown_carry_mode_is_an_error():
     with pytest.raises(ValueError, match="merge.carry"):
         merge_params(carry="symlink")
+
+
+def test_the_mix_is_labelled_once_and_carried_to_later_rounds(world, tok_dir):
+    """Round 1 re-cuts a 77%-code legacy base: its rows are labelled once (from their decoded prompts), the merged
+    folder's mix.json records every shard; round 2 merges onto round 1's set and decodes only the new rows."""
+    root, info, _, _ = world
+    skewed = ["code"] * 77 + ["math"] * 8 + ["tool_use"] * 5 + ["general"] * 10
+    write_legacy(root / "data/bases/legacy", chat_rows(tok_dir, skewed))
+    shutil.rmtree(root / "data/tokenized")
+    fresh = chat_rows(tok_dir, ["math"] * 20 + ["general"] * 20)
+    write_tokenized(root / "data/tokenized", fresh.set_column(0, "id", pa.array([f"n{i}" for i in range(40)])), info)
+    r1 = merge_run(root, base=str(root / "data/bases/legacy"), assume_same_tokenizer=True)
+    mix = r1.details["mix"]
+    assert mix["base"]["rows"] == {"code": 77, "general": 10, "math": 8, "tool_use": 5}
+    assert mix["merged"]["rows"] == {"code": 77, "general": 30, "math": 28, "tool_use": 5}
+    assert mix["merged"]["row_shares"]["code"] == 0.55 and r1.headline["mix_code"] == 0.55
+    assert r1.run["mix"]["rows_labelled"] == 140  # each row once: the re-cut base shards reuse the base's labels
+    shutil.copytree(root / "data/merged", root / "data/bases/round1")
+    shutil.rmtree(root / "data/tokenized")
+    more = chat_rows(tok_dir, ["tool_use"] * 10)
+    write_tokenized(root / "data/tokenized", more.set_column(0, "id", pa.array([f"m{i}" for i in range(10)])), info)
+    r2 = merge_run(root, base=str(root / "data/bases/round1"))
+    base_shards = len(fmt.read_meta(root / "data/bases/round1").shards)
+    assert r2.run["mix"]["shards_recorded"] == base_shards and r2.run["mix"]["rows_labelled"] == 10
+    assert r2.details["mix"]["base"] == mix["merged"]
+    assert r2.details["mix"]["merged"]["rows"] == {"code": 77, "general": 30, "math": 28, "tool_use": 15}
+    assert set(read_record(root / "data/merged")) == {s.xxh3_128 for s in fmt.read_meta(root / "data/merged").shards}
