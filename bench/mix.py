@@ -194,6 +194,10 @@ def child_base(folder: Path, tokenizer: Path, cache: Path) -> None:
     from draftline.core.mix import folder_mix, shares, write_record
 
     tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    from draftline.core.classify import classify
+
+    classify("warm up: load the language model", False)
+    before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t = time.perf_counter()
     fm, _ = folder_mix(folder, tok, cache=cache)
     label_s = time.perf_counter() - t
@@ -207,6 +211,7 @@ def child_base(folder: Path, tokenizer: Path, cache: Path) -> None:
     recorded_s = time.perf_counter() - t
     assert cached.total == fm.total == recorded.total and recorded.recorded == len(fm.checksums)
     print(json.dumps({"label_s": label_s, "cached_s": cached_s, "recorded_s": recorded_s, "rss_mb": rss_mb,
+                      "rss_before_mb": before_mb,
                       "rows": fm.rows_labelled, "shares": shares(fm.total.amounts("samples"))}))
 
 
@@ -222,14 +227,14 @@ def bench_base(sizes: list[int], tokenizer: Path) -> None:
             print(f"base {rows:,} rows, {info['tokens']:,} tokens ({info['tokens'] / rows:,.0f} a row), "
                   f"{info['shards']} shards, {info['bytes'] / 1e9:.2f} GB (made in {made:.0f} s):")
             print(f"  labelled once {res['label_s']:.1f} s ({rows / res['label_s']:,.0f} rows/s), peak RSS "
-                  f"{res['rss_mb']:,.0f} MB; again from the cache {res['cached_s']:.2f} s; from mix.json "
+                  f"{res['rss_mb']:,.0f} MB ({res['rss_before_mb']:,.0f} MB before labelling); again from the cache {res['cached_s']:.2f} s; from mix.json "
                   f"{res['recorded_s'] * 1000:.0f} ms; shares {res['shares']}")
     if results:
         rows, _, res = results[-1]
         full = REFERENCE["rows"] / rows * res["label_s"]
         print(f"extrapolated to {REFERENCE['rows']:,} rows: {full / 60:.1f} min to label once (target < 10 min on 2 "
               f"cores; this runs on one), peak RSS by size: "
-              + ", ".join(f"{r:,} rows {x['rss_mb']:,.0f} MB" for r, _, x in results))
+              + ", ".join(f"{r:,} rows {x['rss_mb']:,.0f} MB (+{x['rss_mb'] - x['rss_before_mb']:,.0f})" for r, _, x in results))
 
 
 def child(argv: list[str]) -> dict:

@@ -93,22 +93,34 @@ def shares(amounts: dict[str, int | float]) -> dict[str, float]:
 
 
 # --- labelling rows from their tokens --------------------------------------------------------------------------
+def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets from 0, values)`` of a one-chunk list column: the values a view over the shard's memory map
+    where Arrow allows (int ids), so that only the slices read are paged in."""
+    arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=False)
+    return offsets - offsets[0], values
+
+
 def _prompt_spans(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(starts, ends, tokens)``: row i's prompt is ``tokens[starts[i]:ends[i]]`` (before its first supervised
-    token; ``loss_mask``, else ``labels != -100``, else the whole row)."""
-    ids = table.column("input_ids")
-    lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    tokens = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
+    token; ``loss_mask``, else ``labels != -100``, else the whole row). Of the tokens only the mask (bit-packed) is
+    read whole; the ids are a view, read by the prompts' slices alone."""
+    offsets, tokens = _flat(table.column("input_ids"))
     if "loss_mask" in table.column_names:
-        mask = pc.list_flatten(table.column("loss_mask")).to_numpy(zero_copy_only=False).astype(bool)
+        mask = _flat(table.column("loss_mask"))[1].astype(bool, copy=False)
     elif "labels" in table.column_names:
-        mask = pc.list_flatten(table.column("labels")).to_numpy(zero_copy_only=False) != fmt.IGNORE_INDEX
+        mask = _flat(table.column("labels"))[1] != fmt.IGNORE_INDEX
     else:
         mask = np.zeros(len(tokens), bool)
     masked = np.append(np.flatnonzero(mask), offsets[-1])
     first = np.minimum(masked[np.searchsorted(masked, offsets[:-1])], offsets[1:])
     return offsets[:-1], first, tokens
+
+
+# Pieces (of BATCH_ROWS rows) between two drops of a shard's pages from the resident set: memory stays at most this
+# many pieces' pages, whatever the shard's or the dataset's size.
+DROP_EVERY = 8
 
 
 def label_table(table: pa.Table, tokenizer: Any) -> tuple[list[str], list[str]]:
@@ -117,7 +129,7 @@ def label_table(table: pa.Table, tokenizer: Any) -> tuple[list[str], list[str]]:
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     domains: list[str] = []
     langs: list[str] = []
-    for piece in fmt.pieces(table):
+    for k, piece in enumerate(fmt.pieces(table)):
         starts, ends, tokens = _prompt_spans(piece)
         spans = []
         for s, e in zip(starts.tolist(), ends.tolist()):
@@ -129,6 +141,8 @@ def label_table(table: pa.Table, tokenizer: Any) -> tuple[list[str], list[str]]:
             label = classify_rendered(text)
             domains.append(label.domain)
             langs.append(label.lang)
+        if k % DROP_EVERY == DROP_EVERY - 1:
+            fmt.drop_pages(table)
     return domains, langs
 
 
