@@ -14,9 +14,9 @@ Needs the real Qwen3 tokenizer (../shared/fixtures/qwen3-tokenizer, or --tokeniz
 2. **A legacy base labelled from its tokens**, at the reference run's lengths (902K rows, 1.87B tokens: a mean of
    ~2,070 tokens a row, lognormal, p90/mean as in bench/scale.py), at each ``--base-rows`` size: rows whose prompts
    are the embedded samples' prompts rendered by the chat template, replies random token ids. For each size, in a
-   fresh child process: the time to label it once (:func:`draftline.core.mix.folder_mix`, nothing cached), its
-   peak RSS (``ru_maxrss``), then the time to read it back from the per-row cache, and from a ``mix.json`` record
-   (what a later round does). The per-row rate extrapolates to 902K rows; RSS at two sizes shows whether memory
+   fresh child process: the time to label it once (:func:`draftline.core.mix.folder_mix`, nothing cached), what
+   labelling adds to the resident memory (VmRSS and its anonymous part, sampled every 20 ms), then the time to read it back from the per-row cache, and from a ``mix.json`` record
+   (what a later round does). The per-row rate extrapolates to 902K rows; memory at two sizes shows whether memory
    grows with the row count.
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -187,21 +186,43 @@ def write_base(folder: Path, rows: int, tokenizer: Path, seed: int = 0) -> dict:
     return {"rows": rows, "tokens": total, "shards": len(infos), "bytes": sum(s.num_bytes for s in infos)}
 
 
+def _status_mb() -> dict[str, float]:
+    """This process's resident memory now, MB: all of it (VmRSS) and its anonymous part (RssAnon: without the
+    file pages of memory-mapped shards, which the kernel can drop at will)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
 def child_base(folder: Path, tokenizer: Path, cache: Path) -> None:
-    """Label ``folder`` once (nothing cached), then read it from the cache, then from a record: times, peak RSS."""
+    """Label ``folder`` once (nothing cached), then read it from the cache, then from a record: times, and resident
+    memory sampled every 20 ms while labelling (peak minus the level just before: what labelling adds)."""
+    import threading
+
     from transformers import AutoTokenizer
 
+    from draftline.core.classify import classify
     from draftline.core.mix import folder_mix, shares, write_record
 
     tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
-    from draftline.core.classify import classify
-
     classify("warm up: load the language model", False)
-    before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    before = _status_mb()
+    peak = dict(before)
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(0.02):
+            for k, v in _status_mb().items():
+                peak[k] = max(peak[k], v)
+
+    threading.Thread(target=poll, daemon=True).start()
     t = time.perf_counter()
     fm, _ = folder_mix(folder, tok, cache=cache)
     label_s = time.perf_counter() - t
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    done.set()
     t = time.perf_counter()
     cached, _ = folder_mix(folder, tok, cache=cache)
     cached_s = time.perf_counter() - t
@@ -210,9 +231,8 @@ def child_base(folder: Path, tokenizer: Path, cache: Path) -> None:
     recorded, _ = folder_mix(folder, None, cache=cache / "none")
     recorded_s = time.perf_counter() - t
     assert cached.total == fm.total == recorded.total and recorded.recorded == len(fm.checksums)
-    print(json.dumps({"label_s": label_s, "cached_s": cached_s, "recorded_s": recorded_s, "rss_mb": rss_mb,
-                      "rss_before_mb": before_mb,
-                      "rows": fm.rows_labelled, "shares": shares(fm.total.amounts("samples"))}))
+    print(json.dumps({"label_s": label_s, "cached_s": cached_s, "recorded_s": recorded_s, "before": before,
+                      "peak": peak, "rows": fm.rows_labelled, "shares": shares(fm.total.amounts("samples"))}))
 
 
 def bench_base(sizes: list[int], tokenizer: Path) -> None:
@@ -226,15 +246,18 @@ def bench_base(sizes: list[int], tokenizer: Path) -> None:
             results.append((rows, info, res))
             print(f"base {rows:,} rows, {info['tokens']:,} tokens ({info['tokens'] / rows:,.0f} a row), "
                   f"{info['shards']} shards, {info['bytes'] / 1e9:.2f} GB (made in {made:.0f} s):")
-            print(f"  labelled once {res['label_s']:.1f} s ({rows / res['label_s']:,.0f} rows/s), peak RSS "
-                  f"{res['rss_mb']:,.0f} MB ({res['rss_before_mb']:,.0f} MB before labelling); again from the cache {res['cached_s']:.2f} s; from mix.json "
+            add = {k: res["peak"][k] - res["before"][k] for k in res["peak"]}
+            print(f"  labelled once {res['label_s']:.1f} s ({rows / res['label_s']:,.0f} rows/s); resident while "
+                  f"labelling: peak {res['peak']['VmRSS']:,.0f} MB (+{add['VmRSS']:,.0f} over the {res['before']['VmRSS']:,.0f} "
+                  f"before), anonymous +{add['RssAnon']:,.0f} MB; again from the cache {res['cached_s']:.2f} s; from mix.json "
                   f"{res['recorded_s'] * 1000:.0f} ms; shares {res['shares']}")
     if results:
         rows, _, res = results[-1]
         full = REFERENCE["rows"] / rows * res["label_s"]
         print(f"extrapolated to {REFERENCE['rows']:,} rows: {full / 60:.1f} min to label once (target < 10 min on 2 "
               f"cores; this runs on one), peak RSS by size: "
-              + ", ".join(f"{r:,} rows {x['rss_mb']:,.0f} MB (+{x['rss_mb'] - x['rss_before_mb']:,.0f})" for r, _, x in results))
+              + ", ".join(f"{r:,} rows +{x['peak']['VmRSS'] - x['before']['VmRSS']:,.0f} MB resident, "
+                          f"+{x['peak']['RssAnon'] - x['before']['RssAnon']:,.0f} MB anonymous" for r, _, x in results))
 
 
 def child(argv: list[str]) -> dict:

@@ -79,10 +79,10 @@ def aim(target: Mapping[str, float], base: Mapping[str, int], floor: Mapping[str
     if any(abs(y[d] - x[d]) > 0.5 for d in DOMAINS):
         merged = {d: (base[d] + amounts[d]) / (b + total) for d in DOMAINS}
         why = "; ".join(
-            f"{d}: needs {max(0.0, x[d]):.0f} new {unit}, " + (f"the sources hold {cap[d]}" if x[d] > cap[d] else
-                                                                  f"whole sources bring {floor[d]}" if x[d] < floor[d] else
-                                                                  "within reach")
-            for d in DOMAINS if abs(y[d] - x[d]) > 0.5)
+            f"{d}: needs {x[d]:.0f} new {unit}, " + (f"the sources hold {cap[d]}" if x[d] > cap[d] else
+                                                     f"the base alone holds {base[d]}" if x[d] < 0 else
+                                                     f"whole sources bring {floor[d]}")
+            for d in DOMAINS if x[d] > cap[d] + 0.5 or x[d] < floor[d] - 0.5)
         raise BlendError(
             f"blend.target_mix {_fmt(target)} cannot be met with blend.total={total} {unit} on a base of {b} {unit} "
             f"({_fmt({d: base[d] / b if b else 0.0 for d in DOMAINS})}): {why}. The closest achievable merged mix is "
