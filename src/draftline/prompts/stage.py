@@ -146,11 +146,14 @@ class Labels:
     def __init__(self, records: list[PromptRecord]):
         self.by_id = {r.id: r for r in records}
         self.labels: dict[str, Label] = {}
+        self.seconds = 0.0  # spent labelling (the run file's label_seconds)
 
     def __call__(self, id_: str) -> Label:
         if id_ not in self.labels:
             r = self.by_id[id_]
+            started = time.perf_counter()
             self.labels[id_] = classify_messages(r.messages, r.tools)
+            self.seconds += time.perf_counter() - started
         return self.labels[id_]
 
 
@@ -289,14 +292,13 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     cost = Costs(kept, tokenizer, p.enable_thinking)
     base = base_mix(p.base, tokenizer, stage, p.blend.target_mix is not None or p.blend.max_domain_share is not None)
     labels = Labels(kept)
-    started = time.perf_counter()
     blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit))
     train_labels = [labels(r.id) for r in blend.train]
     for r, label in zip(blend.train, train_labels):
         reports[r.source].domains[label.domain] += 1
         reports[r.source].languages[label.lang] += 1
     new = Mix.of_labels([x.domain for x in train_labels], [x.lang for x in train_labels], cost([r.id for r in blend.train]))
-    stage.run["label_seconds"] = round(time.perf_counter() - started, 2)
+    stage.run.update(label_seconds=round(labels.seconds, 2), prompts_labelled=len(labels.labels))
     mix = mix_details(base, new, p.blend.unit, p.blend.requested_mix(), blend.aimed)
     check_max_share(mix["merged_amounts"], p.blend.max_domain_share, p.blend.unit, mix["base_amounts"])
     _write_outputs(args.out, blend.train, blend.eval)
