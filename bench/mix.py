@@ -113,7 +113,7 @@ def child_prompts(root: Path, variant: str, out: Path) -> None:
     done = run.prompts(root, settings, out=out)
     print(json.dumps({"seconds": time.perf_counter() - t, "rows": done.headline["rows"],
                       "label_seconds": done.run.get("label_seconds"),
-                      "mix": {k: v for k, v in done.headline.items() if k.startswith("mix_")}}))
+                      "mix": done.headline["mix"]}))
 
 
 def bench_prompts(n: int, tokenizer: Path, repeats: int) -> None:

@@ -185,7 +185,7 @@ def test_stats_match_the_rows(world):
     assert sum(content["merged"]["tokens"].values()) == int(all_n.sum()) and content["merged"]["languages"] == {"en": 65}
     assert json.loads((root / "metrics/merge.json").read_text()) == {
         "rows": 65, "tokens": int(all_n.sum()), "loss_tokens": loss, "dropped": 5, "base_rows": 40, "skipped": 0,
-        **{f"mix_{d}": content["merged"]["row_shares"][d] for d in DOMAINS}, "lang_en": 1.0,
+        "mix": {d: content["merged"]["row_shares"][d] for d in DOMAINS},
     }
     # mix.json records every shard of the merged set by its checksum.
     assert set(read_record(root / "data/merged")) == {s.xxh3_128 for s in fmt.read_meta(root / "data/merged").shards}
@@ -503,7 +503,7 @@ def test_the_mix_is_labelled_once_and_carried_to_later_rounds(world, tok_dir):
     mix = r1.details["mix"]
     assert mix["base"]["rows"] == {"code": 77, "general": 10, "math": 8, "tool_use": 5}
     assert mix["merged"]["rows"] == {"code": 77, "general": 30, "math": 28, "tool_use": 5}
-    assert mix["merged"]["row_shares"]["code"] == 0.55 and r1.headline["mix_code"] == 0.55
+    assert mix["merged"]["row_shares"]["code"] == 0.55 and r1.headline["mix"]["code"] == 0.55
     assert r1.run["mix"]["rows_labelled"] == 140  # each row once: the re-cut base shards reuse the base's labels
     shutil.copytree(root / "data/merged", root / "data/bases/round1")
     shutil.rmtree(root / "data/tokenized")

@@ -9,8 +9,8 @@ is a seeded permutation in ``order.npy``, not a shuffled copy.
 
 The merged folder's ``mix.json`` records every shard's content mix (domain and language counts, by the shard's
 checksum: :mod:`draftline.core.mix`); carried shards keep their entries, so the next round, and the prompt stage
-aiming ``blend.target_mix`` at it, read the mix without decoding a token. The report, the metrics (``mix_*``,
-``lang_en``: shares of rows) and ``plots/merge_mix.csv`` give the base's, the new rows' and the merged set's mix.
+aiming ``blend.target_mix`` at it, read the mix without decoding a token. The report, the metrics (``mix``: each
+domain's share of rows) and ``plots/merge_mix.csv`` give the base's, the new rows' and the merged set's mix.
 
 A merge costs what the new data costs: the base is never read whole. Its ids, counts and sources are read from
 the memory-mapped shards (a few bytes per row), its shards are linked rather than copied where that is safe,
@@ -370,8 +370,7 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
     merged = details["merged"]
     stage.headline.update(rows=merged["samples"], tokens=merged["total_tokens"], loss_tokens=merged["loss_tokens"],
                           dropped=details["overlap"]["dropped"], base_rows=b.num_rows if b else 0,
-                          **{f"mix_{d}": details["mix"]["merged"]["row_shares"][d] for d in DOMAINS},
-                          lang_en=details["mix"]["merged"]["language_shares"].get("en", 0.0))
+                          mix={d: details["mix"]["merged"]["row_shares"][d] for d in DOMAINS})
     write_csv(args.plot, [{"domain": d, "series": k, "share": details["mix"][k]["row_shares"][d]}
                           for d in DOMAINS for k in ("base", "new", "merged")])
     print(format_mix(details["mix"]), flush=True)
