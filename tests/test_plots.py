@@ -11,9 +11,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 BUILT_IN = {"simple", "linear", "confusion", "confusion_normalized", "scatter", "scatter_jitter", "smooth",
             "bar_horizontal_sorted", "bar_horizontal"}
-# Plots of categories (a mix, a histogram, positions): bars or columns.
-CATEGORICAL = {"prompts_mix.csv", "prompts_shares.csv", "prompts_languages.csv", "merge_mix.csv", "seq_len.csv",
-               "acceptance.csv"}
+# Plots of categories (a mix, a histogram): bars or columns.
+CATEGORICAL = {"prompts_mix.csv", "prompts_shares.csv", "prompts_languages.csv", "merge_mix.csv", "seq_len.csv"}
 
 
 def _plots() -> dict[str, dict]:
