@@ -72,14 +72,12 @@ _CODE_LINE = re.compile(
 _LANGUAGES = re.compile(  # no \b: CJK text runs a name into the next word ("Pythonで")
     r"(?<![A-Za-z])(?:python|javascript|typescript|java|c\+\+|c#|golang|rust|kotlin|swift|ruby|php|perl|scala|haskell|"
     r"sql|mysql|postgresql|sqlite|html|css|bash|powershell|matlab|glsl|hlsl|verilog|vhdl|react|django|flask|"
-    r"pandas|numpy|tensorflow|pytorch|regex|regular expression|systemd|dockerfile|kubernetes|c language)(?![A-Za-z])",
-    re.IGNORECASE,
+    r"pandas|numpy|tensorflow|pytorch|regex|regular expression|systemd|dockerfile|kubernetes|c language)(?![A-Za-z])"
 )
 _CODE_ASK = re.compile(
     r"\b(?:write|implement|create|code|build|fix|debug|refactor|optimi[sz]e|complete|convert|translate)\b[^.?!\n]{0,60}?"
     r"\b(?:function|method|script|program|class|query|algorithm|pseudo-?code|snippet|code|api|endpoint|unit tests?)\b"
-    r"|\bpseudo-?code\b|\bsource code\b|\bcode snippet\b|\bcompil(?:e|er|ation) error\b|\bstack trace\b",
-    re.IGNORECASE,
+    r"|\bpseudo-?code\b|\bsource code\b|\bcode snippet\b|\bcompil(?:e|er|ation) error\b|\bstack trace\b"
 )
 _IDENT = re.compile(r"`[A-Za-z_][\w.]*(?:\(\))?`")  # `snake_case` / `camelCase` in backticks: a named identifier
 
@@ -90,44 +88,42 @@ _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:[.,]\d+)?%?")
 _CALC_CUE = re.compile(
     r"\b(?:how many|how much|how far|how long will|calculate|compute|solve|evaluate|simplify|find the (?:value|sum|"
     r"product|area|perimeter|volume|slope|probability|number)|what is \d|percent|per cent|total cost|in total|"
-    r"left\b|remain|average|convert)\b|%",
-    re.IGNORECASE,
+    r"left\b|remain|average|convert)\b|%"
 )
 _MATH_WORDS = re.compile(
     r"\b(?:fractions?|numerator|denominator|equations?|polynomials?|derivatives?|integrals?|probability|"
     r"median|variance|standard deviation|theorem|prime numbers?|greatest common (?:divisor|factor)|least common "
     r"multiple|logarithms?|quadratic|algebra|geometry|trigonometry|calculus|matri(?:x|ces)|vectors? space|"
-    r"odd numbers?|even numbers?|integer|arithmetic|factorial|permutations?|combinatorics|normali[sz]ation)\b",
-    re.IGNORECASE,
+    r"odd numbers?|even numbers?|integer|arithmetic|factorial|permutations?|combinatorics|normali[sz]ation)\b"
 )
 # The same cues in a few other languages (the labelled set's): numbers alone do not make a math problem.
 _OTHER_CALC = re.compile(
     r"多少|几个|计算|方程|概率|面积|いくつ|計算|方程式|몇|계산|\b(?:combien|calcule[rz]?|probabilité|aire|vitesse moyenne|"
     r"cuánt[oa]s|calcula|probabilidad|área|quant[io]|calcola|probabilità|wie viele?|berechne|wahrscheinlichkeit|"
-    r"сколько|вычисли|найдите|производн\w*|вероятност\w*)",
-    re.IGNORECASE,
+    r"сколько|вычисли|найдите|производн\w*|вероятност\w*)"
 )
 
 
-def _has_code(text: str) -> bool:
-    return bool(_FENCE.search(text) or _CODE_LINE.search(text) or _LANGUAGES.search(text)
-                or _CODE_ASK.search(text) or _IDENT.search(text))
+# The word patterns above are matched against the lowercased text (3-4x faster than re.IGNORECASE).
+def _has_code(text: str, low: str) -> bool:
+    return bool(_FENCE.search(text) or _CODE_LINE.search(text) or _LANGUAGES.search(low)
+                or _CODE_ASK.search(low) or _IDENT.search(text))
 
 
-def _has_math(text: str) -> bool:
-    if _LATEX.search(text) or _EQUATION.search(text) or _MATH_WORDS.search(text):
+def _has_math(text: str, low: str) -> bool:
+    if _LATEX.search(text) or _EQUATION.search(text) or _MATH_WORDS.search(low):
         return True
-    numbers = len(_NUMBER.findall(text))
-    return numbers >= 1 and bool(_CALC_CUE.search(text) or _OTHER_CALC.search(text))
+    return bool(_NUMBER.search(text)) and bool(_CALC_CUE.search(low) or _OTHER_CALC.search(low))
 
 
 def domain_of(user_text: str, tools_offered: bool) -> str:
     """The domain of a prompt whose user turns read ``user_text`` (see the module docstring for the rules)."""
     if tools_offered:
         return "tool_use"
-    if _has_code(user_text):
+    low = user_text.lower()
+    if _has_code(user_text, low):
         return "code"
-    if _has_math(user_text):
+    if _has_math(user_text, low):
         return "math"
     return "general"
 
