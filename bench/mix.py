@@ -143,8 +143,8 @@ def write_base(folder: Path, rows: int, tokenizer: Path, seed: int = 0) -> dict:
     from transformers import AutoTokenizer
 
     from draftline.core import dataset as fmt
-    from draftline.prompts.canonical import cut_prompt
     from draftline.core.records import Conversation
+    from draftline.prompts.canonical import cut_prompt
 
     tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -281,8 +281,9 @@ def main() -> None:
     ap.add_argument("--child-prompts", nargs=3)
     ap.add_argument("--child-base", nargs=2)
     ARGS = ap.parse_args()
-    from draftline.core.logs import get_logger  # noqa: F401  (logging configured as the stages do)
     import logging
+
+    from draftline.core.logs import get_logger  # noqa: F401  (logging configured as the stages do)
 
     logging.disable(logging.INFO)
     if ARGS.child_prompts:
