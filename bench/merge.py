@@ -147,7 +147,8 @@ def main() -> None:
             defaults = load_section("merge", REPO / "params.yaml")
             params = MergeParams.parse({**defaults, "base": str(work / "bases/r1"), **params}, "merge")
             args = MergeArgs(tokenized=work / "tokenized", target=work / "target/target.json", out=work / f"merged-{name}",
-                             metrics=work / f"m-{name}.json", report=work / f"report-{name}.json")
+                             metrics=work / f"m-{name}.json", report=work / f"report-{name}.json",
+                             plot=work / f"mix-{name}.csv")
             execute("merge", run_merge, params, args)
 
         steps = {

@@ -36,6 +36,19 @@ def parsed(cls: Any, section: str, **overrides: Any) -> Any:
     return cls.parse(default_params(section, **overrides), section)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_draftline_cache(tmp_path_factory: pytest.TempPathFactory):
+    """What stages cache for later runs (a base's per-row mix labels, core/mix.py) goes to this session's own
+    folder, never to the checkout's .draftline/cache; a test that needs its own sets $DRAFTLINE_CACHE itself."""
+    before = os.environ.get("DRAFTLINE_CACHE")
+    os.environ["DRAFTLINE_CACHE"] = str(tmp_path_factory.mktemp("draftline-cache"))
+    yield
+    if before is None:
+        os.environ.pop("DRAFTLINE_CACHE", None)
+    else:
+        os.environ["DRAFTLINE_CACHE"] = before
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """``../shared`` beside the checkout; tests that need it skip cleanly where it is absent."""

@@ -44,4 +44,5 @@ def prompts(root: Path, settings: PromptsSettings, out: Path | None = None, conv
     return execute("prompts", run_prompts, settings, PromptsArgs(
         conversations=conversations_dir or root / "conversations", target=(target_dir or root / "target") / "target.json",
         out=out, metrics=out.parent / f"{out.name}-metrics.json", report=out.parent / f"{out.name}-report.json",
-        plot=out.parent / f"{out.name}-mix.csv"))
+        plot=out.parent / f"{out.name}-mix.csv", plot_shares=out.parent / f"{out.name}-shares.csv",
+        plot_languages=out.parent / f"{out.name}-languages.csv"))

@@ -123,3 +123,29 @@ def save_int64(folder: Path, cols: dict) -> None:
 
 def file_hashes(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+DOMAIN_PROMPTS = {  # a prompt each domain's rule recognises (core/classify.py)
+    "code": "Write a Python function that returns the median of a list.",
+    "math": "Tom has 12 apples and gives 5 away. How many apples does he have left?",
+    "tool_use": "<|im_start|>system\n# Tools\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"w\"}}\n"
+                "</tools><|im_end|>\n<|im_start|>user\nWhat is the weather in Oslo?",
+    "general": "Describe the first snow of winter in a few sentences.",
+}
+
+
+def chat_rows(tok_dir: Path, domains: list[str]) -> pa.Table:
+    """One tokenized row per domain name: its prompt (chat template rendered), a short supervised reply."""
+    tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    offsets, ids, mask = [0], [], []
+    for i, d in enumerate(domains):
+        body = DOMAIN_PROMPTS[d]
+        prompt = (body if body.startswith("<|im_start|>") else f"<|im_start|>user\n{body}") + f" ({i})<|im_end|>\n"
+        prompt += "<|im_start|>assistant\n"
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        a = tok("an answer<|im_end|>\n", add_special_tokens=False)["input_ids"]
+        ids += p + a
+        mask += [False] * len(p) + [True] * len(a)
+        offsets.append(len(ids))
+    return fmt.build_table([f"r{i}" for i in range(len(domains))], ["s"] * len(domains), np.array(offsets),
+                           np.array(ids), np.array(mask))

@@ -33,7 +33,8 @@ def merge(root: Path, out: str, **params) -> dict:
     """The merge's details (its report)."""
     name = out.replace("/", "-")
     args = MergeArgs(tokenized=root / "data/tokenized", target=root / "data/target/target.json", out=root / out,
-                     metrics=root / f"metrics-{name}.json", report=root / f"report-{name}.json")
+                     metrics=root / f"metrics-{name}.json", report=root / f"report-{name}.json",
+                     plot=root / f"mix-{name}.csv")
     return execute("merge", run_merge, MergeParams.parse(default_params("merge", **params), "merge"), args).details
 
 

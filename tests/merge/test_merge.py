@@ -20,6 +20,7 @@ import pytest
 import xxhash
 from conftest import default_params
 from merge_support import (
+    chat_rows,
     file_hashes,
     make_rows,
     save_int64,
@@ -30,9 +31,11 @@ from merge_support import (
 )
 
 from draftline.core import dataset as fmt
+from draftline.core.classify import DOMAINS
 from draftline.core.dataset import ORDER_FILE, load_training_set
 from draftline.core.errors import MissingInput, Refusal
 from draftline.core.files import DiskFullError
+from draftline.core.mix import read_record
 from draftline.core.runner import StageRun, execute, main, run_file
 from draftline.merge.carry import CarryError
 from draftline.merge.guards import PROMPT_KEY_PREFIX, MergeGuardError
@@ -65,7 +68,7 @@ def stage_args(root: Path, out: Path | None = None) -> MergeArgs:
     """The paths dvc.yaml passes, under ``root``."""
     return MergeArgs(tokenized=root / "data/tokenized", target=root / "data/target/target.json",
                      out=out or root / "data/merged", metrics=root / "metrics/merge.json",
-                     report=root / "reports/merge.json")
+                     report=root / "reports/merge.json", plot=root / "plots/merge_mix.csv")
 
 
 def merge_run(root: Path, out: Path | None = None, **params) -> StageRun:
@@ -177,10 +180,16 @@ def test_stats_match_the_rows(world):
     assert mix["old"]["share_rows"] == pytest.approx(40 / 65, abs=1e-6)
     assert mix["fresh"]["share_tokens"] == pytest.approx(kept_n.sum() / all_n.sum(), abs=1e-6)
     assert json.loads((root / "reports/merge.json").read_text()) == json.loads(json.dumps({**m, "skips": {}}))
+    content = m["mix"]  # by content: every row of base, new and merged has a domain and a language
+    assert [sum(content[k]["rows"].values()) for k in ("base", "new", "merged")] == [40, 25, 65]
+    assert sum(content["merged"]["tokens"].values()) == int(all_n.sum()) and content["merged"]["languages"] == {"en": 65}
     assert json.loads((root / "metrics/merge.json").read_text()) == {
         "rows": 65, "tokens": int(all_n.sum()), "loss_tokens": loss, "dropped": 5, "base_rows": 40, "skipped": 0,
+        "mix": {d: content["merged"]["row_shares"][d] for d in DOMAINS},
     }
-    assert set(json.loads(run_file(root / "reports/merge.json").read_text())) == {"stage_seconds"}
+    # mix.json records every shard of the merged set by its checksum.
+    assert set(read_record(root / "data/merged")) == {s.xxh3_128 for s in fmt.read_meta(root / "data/merged").shards}
+    assert set(json.loads(run_file(root / "reports/merge.json").read_text())) == {"stage_seconds", "mix"}
 
 
 def test_deterministic_and_seeded(world):
@@ -479,3 +488,30 @@ def test_refused_by_the_reencode_check_after_staging_publishes_nothing(world, tm
 def test_unknown_carry_mode_is_an_error():
     with pytest.raises(ValueError, match="merge.carry"):
         merge_params(carry="symlink")
+
+
+def test_the_mix_is_labelled_once_and_carried_to_later_rounds(world, tok_dir):
+    """Round 1 re-cuts a 77%-code legacy base: its rows are labelled once (from their decoded prompts), the merged
+    folder's mix.json records every shard; round 2 merges onto round 1's set and decodes only the new rows."""
+    root, info, _, _ = world
+    skewed = ["code"] * 77 + ["math"] * 8 + ["tool_use"] * 5 + ["general"] * 10
+    write_legacy(root / "data/bases/legacy", chat_rows(tok_dir, skewed))
+    shutil.rmtree(root / "data/tokenized")
+    fresh = chat_rows(tok_dir, ["math"] * 20 + ["general"] * 20)
+    write_tokenized(root / "data/tokenized", fresh.set_column(0, "id", pa.array([f"n{i}" for i in range(40)])), info)
+    r1 = merge_run(root, base=str(root / "data/bases/legacy"), assume_same_tokenizer=True)
+    mix = r1.details["mix"]
+    assert mix["base"]["rows"] == {"code": 77, "general": 10, "math": 8, "tool_use": 5}
+    assert mix["merged"]["rows"] == {"code": 77, "general": 30, "math": 28, "tool_use": 5}
+    assert mix["merged"]["row_shares"]["code"] == 0.55 and r1.headline["mix"]["code"] == 0.55
+    assert r1.run["mix"]["rows_labelled"] == 140  # each row once: the re-cut base shards reuse the base's labels
+    shutil.copytree(root / "data/merged", root / "data/bases/round1")
+    shutil.rmtree(root / "data/tokenized")
+    more = chat_rows(tok_dir, ["tool_use"] * 10)
+    write_tokenized(root / "data/tokenized", more.set_column(0, "id", pa.array([f"m{i}" for i in range(10)])), info)
+    r2 = merge_run(root, base=str(root / "data/bases/round1"))
+    base_shards = len(fmt.read_meta(root / "data/bases/round1").shards)
+    assert r2.run["mix"]["shards_recorded"] == base_shards and r2.run["mix"]["rows_labelled"] == 10
+    assert r2.details["mix"]["base"] == mix["merged"]
+    assert r2.details["mix"]["merged"]["rows"] == {"code": 77, "general": 30, "math": 28, "tool_use": 15}
+    assert set(read_record(root / "data/merged")) == {s.xxh3_128 for s in fmt.read_meta(root / "data/merged").shards}

@@ -33,7 +33,7 @@ DVC = str(Path(sys.executable).with_name("dvc"))
 
 # The paths as the project's dvc.yaml passes them (there through its `vars`).
 MERGE_ARGS = ["--tokenized", "data/tokenized", "--target", "data/target/target.json", "--out", "data/merged",
-              "--metrics", "metrics/merge.json", "--report", "reports/merge.json"]
+              "--metrics", "metrics/merge.json", "--report", "reports/merge.json", "--plot", "plots/merge_mix.csv"]
 DVC_YAML = f"""\
 stages:
   merge:
@@ -51,6 +51,9 @@ stages:
           cache: false
     metrics:
       - metrics/merge.json:
+          cache: false
+    plots:
+      - plots/merge_mix.csv:
           cache: false
 """
 

@@ -9,8 +9,10 @@ from pathlib import Path
 import early_stages as run
 import pytest
 from conftest import default_params
+from merge_support import chat_rows, write_legacy
 
 from draftline.conversations.params import ConversationsParams
+from draftline.core.classify import DOMAINS
 from draftline.core.jsonl import iter_jsonl
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation
@@ -59,21 +61,22 @@ def env(datasets_dir: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.
     return root
 
 
-def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, adapters=None):
+def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, adapters=None, base: Path | None = None, stage=False):
     """The stage's report (its details) and the folder holding ``prompts/`` and its metrics, report and plot."""
     adapters = adapters or {name: a for name, (_, a) in SOURCES.items()}
     o = env / out
     settings = PromptsSettings(list(SOURCES), PromptsParams.parse(prompts, "prompts"), DedupParams.parse(DEDUP, "dedup"),
-                               BlendParams.parse(blend, "blend"), False)
-    stage = run.prompts(env, settings, out=o / "prompts", conversations_dir=_conversations(env, adapters))
-    return stage.details, o
+                               BlendParams.parse(blend, "blend"), False, str(base) if base else None)
+    done = run.prompts(env, settings, out=o / "prompts", conversations_dir=_conversations(env, adapters))
+    return (done if stage else done.details), o
 
 
 def _rows(path: Path) -> list[dict]:
     return [v for _, v, _ in iter_jsonl(path)]
 
 
-BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval_per_source": 1, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}}}
+BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval_per_source": 1, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}},
+         "target_mix": None, "max_domain_share": None}
 
 
 @pytest.mark.parametrize("total", [17, 40])
@@ -96,15 +99,21 @@ def test_gives_exactly_total_train_rows_and_a_disjoint_eval(env: Path, total: in
     headline = json.loads((o / "prompts-metrics.json").read_text())
     assert headline == {"rows": total, "tokens": metrics["train_tokens"], "eval_rows": metrics["eval_rows"],
                         "duplicates": sum(m["exact_duplicates"] + m["near_duplicates"] for m in metrics["sources"].values()),
-                        "skipped": skips.total()}
-    assert (o / "prompts-mix.csv").read_text().splitlines()[0].startswith("source,rows_read,")
+                        "skipped": skips.total(), "mix": {d: metrics["mix"]["merged_shares"][d] for d in DOMAINS}}
+    # The content mix: every train row has a domain, per source and in total; no base, so merged = new.
+    assert sum(sum(m["domains"].values()) for m in metrics["sources"].values()) == total
+    assert metrics["mix"]["merged_amounts"] == metrics["mix"]["new_amounts"]
+    assert sum(metrics["mix"]["new_amounts"].values()) == total
+    assert metrics["sources"]["codefeedback"]["domains"]["code"] == metrics["sources"]["codefeedback"]["achieved_rows"]
+    assert (o / "prompts-mix.csv").read_text().splitlines()[0] == "source,series,rows"
+    assert (o / "prompts-shares.csv").read_text().splitlines()[0] == "domain,series,share"
 
 
 def test_two_runs_are_byte_identical(env: Path) -> None:
     _, a = _run(env, "a", BLEND)
     _, b = _run(env, "b", BLEND)
     for f in ("prompts/train.jsonl", "prompts/eval.jsonl", "prompts-mix.csv", "prompts-metrics.json",
-              "prompts-report.json"):
+              "prompts-report.json", "prompts-shares.csv", "prompts-languages.csv"):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     assert json.loads(run_file(a / "prompts-report.json").read_text())["stage_seconds"] >= 0  # the run's alone
     _, c = _run(env, "c", {**BLEND, "seed": 1})
@@ -144,7 +153,8 @@ def test_an_infeasible_blend_run_as_dvc_runs_it_prints_one_line_and_exits_1(env:
     o = env / "refused"
     argv = ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
             str(env / "target/target.json"), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
-            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv")]
+            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
+            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv")]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main("prompts", PromptsArgs, lambda _: settings, run_prompts, argv)
@@ -189,3 +199,61 @@ def test_prompts_strict_stops_at_a_conversation_with_no_prompt(env: Path, tmp_pa
     with pytest.raises(SkipError, match="x row 0: no_user"):
         run.prompts(tmp_path, settings, out=tmp_path / "p", target_dir=env / "target")
     assert not (tmp_path / "p").exists()
+
+
+# A base skewed as the reference run's was: 77% code (a legacy folder: its mix is labelled from its tokens).
+SKEWED = ["code"] * 77 + ["math"] * 8 + ["tool_use"] * 5 + ["general"] * 10
+
+
+@pytest.fixture(scope="module")
+def skewed_base(env: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("bases") / "skewed"
+    write_legacy(folder, chat_rows(qwen3_tokenizer_dir, SKEWED))
+    return folder
+
+
+def test_target_mix_brings_the_merged_set_exactly_to_the_request(env: Path, skewed_base: Path) -> None:
+    target = {"code": 0.6, "math": 0.1, "tool_use": 0.15, "general": 0.15}
+    stage, o = _run(env, "aimed", {**BLEND, "target_mix": target}, base=skewed_base, stage=True)
+    mix = stage.details["mix"]
+    assert mix["base_amounts"] == {"code": 77, "math": 8, "tool_use": 5, "general": 10}
+    # 140 merged rows: code 84 = 77 + 7 new, math 14 = 8 + 6, tool_use 21 = 5 + 16, general 21 = 10 + 11.
+    assert mix["new_amounts"] == {"code": 7, "math": 6, "tool_use": 16, "general": 11} == mix["aimed_new_amounts"]
+    assert mix["merged_shares"] == target and mix["requested_shares"] == target
+    assert len(_rows(o / "prompts/train.jsonl")) == 40
+    # whole: true still takes codefeedback in full; its one row counts towards code's 7.
+    assert stage.details["sources"]["codefeedback"]["achieved_rows"] == stage.details["sources"]["codefeedback"]["available"] - 0
+    headline = json.loads((o / "prompts-metrics.json").read_text())
+    assert headline["mix"] == target
+    shares = (o / "prompts-shares.csv").read_text().splitlines()
+    assert "code,requested,0.6" in shares and "code,merged,0.6" in shares and "code,base,0.77" in shares
+    # The base was labelled by the first run; this one reads the cached labels.
+    again, _ = _run(env, "aimed2", {**BLEND, "target_mix": target}, base=skewed_base, stage=True)
+    assert again.run["base_mix"]["shards_labelled"] == 0 and again.run["base_mix"]["shards_cached"] >= 1
+    assert again.details == stage.details
+
+
+def test_an_unreachable_target_fails_before_writing_naming_the_closest_mix(env: Path, skewed_base: Path) -> None:
+    # 40 new rows cannot bring a 77%-code base of 100 rows down to 40% code: 77 of 140 is 55% at best.
+    with pytest.raises(BlendError, match=r"blend.target_mix .* cannot be met .* closest achievable merged mix is "
+                                         r"\{code: 0\.55\d, .*set blend.target_mix to it"):
+        _run(env, "unreachable", {**BLEND, "target_mix": {"code": 0.4, "math": 0.2, "tool_use": 0.1, "general": 0.3}},
+             base=skewed_base)
+    assert not (env / "unreachable").exists()
+
+
+def test_max_domain_share_stops_an_over_skewed_blend_before_writing(env: Path, skewed_base: Path) -> None:
+    with pytest.raises(BlendError, match=r"the merged set would be 60\.7% code \(85 of 140 samples: base 77, new 8\), over blend.max_domain_share=0.5"):
+        _run(env, "skewed", {**BLEND, "max_domain_share": 0.5}, base=skewed_base)
+    assert not (env / "skewed").exists()
+    details, _ = _run(env, "fine", {**BLEND, "max_domain_share": 0.5})  # the new rows alone: within it
+    assert max(details["mix"]["merged_shares"].values()) <= 0.5
+
+
+def test_target_mix_in_tokens_meets_each_domain_within_a_row(env: Path) -> None:
+    target = {"code": 0.25, "math": 0.25, "tool_use": 0.25, "general": 0.25}
+    details, _ = _run(env, "aimed_tokens", {**BLEND, "unit": "tokens", "total": 6000, "target_mix": target,
+                                            "sources": {}})
+    mix = details["mix"]
+    assert mix["aimed_new_amounts"] == {d: 1500 for d in DOMAINS}
+    assert all(1500 <= mix["new_amounts"][d] < 1500 + 2000 for d in DOMAINS)

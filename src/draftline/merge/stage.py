@@ -7,6 +7,11 @@ restorable (``git checkout`` + ``dvc checkout``). The guards of :mod:`draftline.
 anything is published, and new rows whose prompt the base already holds are dropped and counted. Training order
 is a seeded permutation in ``order.npy``, not a shuffled copy.
 
+The merged folder's ``mix.json`` records every shard's content mix (domain and language counts, by the shard's
+checksum: :mod:`draftline.core.mix`); carried shards keep their entries, so the next round, and the prompt stage
+aiming ``blend.target_mix`` at it, read the mix without decoding a token. The report, the metrics (``mix``: each
+domain's share of rows) and ``plots/merge_mix.csv`` give the base's, the new rows' and the merged set's mix.
+
 A merge costs what the new data costs: the base is never read whole. Its ids, counts and sources are read from
 the memory-mapped shards (a few bytes per row), its shards are linked rather than copied where that is safe,
 the merged folder's fingerprint is derived from the base's instead of rehashing it, and the re-encode check
@@ -15,6 +20,7 @@ the merged folder's fingerprint is derived from the base's instead of rehashing 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -27,10 +33,12 @@ import xxhash
 from tqdm import tqdm
 
 from draftline.core import dataset as fmt
+from draftline.core.classify import DOMAINS
 from draftline.core.errors import MissingInput
-from draftline.core.files import atomic_path
+from draftline.core.files import atomic_path, write_csv
 from draftline.core.fingerprint import tokenizer_fingerprint
 from draftline.core.logs import get_logger
+from draftline.core.mix import Mix, folder_mix, num_tokens_of, shares, tables_mix, write_record
 from draftline.core.records import TargetInfo
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.target import load_target, load_tokenizer
@@ -235,15 +243,87 @@ def merge_details(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts
     }
 
 
+def merged_mix(tmp: Path, staged: list[fmt.ShardInfo], base: Part | None, new: Part, drop: np.ndarray,
+               info: TargetInfo) -> tuple[dict[str, Mix], dict[str, Any]]:
+    """The content mix of every staged shard, keyed by its checksum (what ``mix.json`` records): a carried shard's
+    from its source folder (its ``mix.json``, else per-row labels cached by checksum, else labelled once); a shard
+    written here (a legacy base re-cut, new rows with some dropped) summed from its rows' labels, which come from
+    the same places. Returns the entries and how many shards each way gave."""
+    tokenizer = _LazyTokenizer(info)
+    entries: dict[str, Mix] = {}
+    counts = {"shards_recorded": 0, "shards_cached": 0, "shards_labelled": 0, "rows_labelled": 0}
+    base_rows = base.num_rows if base is not None else 0
+    row_labels: dict[str, tuple[list[str], list[str]]] = {}
+    sources = ([("base", base, base.plan.identity, None)] if base is not None else []) + [
+        ("new", new, bool(new.plan.identity and not drop.any()), drop)]
+    for tag, part, carried, dropped in sources:
+        if part.files:  # a save_to_disk folder: its record, the cache, or labelled (and cached) by checksum
+            fm, labels = folder_mix(part.folder, tokenizer, keep_labels=not carried)
+        else:  # another trainer's format (always re-cut): its rows as read
+            fm, labels = tables_mix([(None, None, t) for t in part.tables], tokenizer, None, {}, keep_labels=True)
+        for k in counts:
+            counts[k] += getattr(fm, k.removeprefix("shards_")) if k != "rows_labelled" else fm.rows_labelled
+        entries.update(fm.entries())
+        if labels is not None:
+            domains = [d for shard in labels for d in shard[0]]
+            langs = [g for shard in labels for g in shard[1]]
+            if dropped is not None:
+                keep = np.flatnonzero(~dropped)
+                domains, langs = [domains[i] for i in keep], [langs[i] for i in keep]
+            row_labels[tag] = (domains, langs)
+    out: dict[str, Mix] = {}
+    start = 0
+    for s in staged:
+        tag = "base" if start < base_rows else "new"
+        offset = start - (0 if tag == "base" else base_rows)
+        if s.xxh3_128 in entries:
+            out[s.xxh3_128] = entries[s.xxh3_128]
+        else:
+            table = fmt.mapped_shards(tmp, [s.filename])[0]
+            domains, langs = row_labels[tag]
+            out[s.xxh3_128] = Mix.of_labels(domains[offset : offset + s.num_rows], langs[offset : offset + s.num_rows],
+                                            num_tokens_of(table))
+        start += s.num_rows
+    return out, counts
+
+
+class _LazyTokenizer:
+    """The target's tokenizer, loaded only if some shard must be decoded (a recorded base needs none)."""
+
+    def __init__(self, info: TargetInfo):
+        self.info, self.tok = info, None
+
+    def decode_batch(self, *a: Any, **kw: Any) -> Any:
+        if self.tok is None:
+            self.tok = load_tokenizer(self.info).backend_tokenizer
+        return self.tok.decode_batch(*a, **kw)
+
+
+def mix_report(staged: list[fmt.ShardInfo], entries: dict[str, Mix], base_rows: int) -> dict[str, Any]:
+    """The report's ``mix``: rows, tokens and languages of the base's shards, the new ones and the merged set, with
+    each domain's share of rows and of tokens."""
+    parts = {"base": Mix(), "new": Mix()}
+    start = 0
+    for s in staged:
+        key = "base" if start < base_rows else "new"
+        parts[key] = parts[key] + entries[s.xxh3_128]
+        start += s.num_rows
+    parts["merged"] = parts["base"] + parts["new"]
+    return {k: {**m.to_dict(), "row_shares": shares(m.amounts("samples")), "token_shares": shares(m.amounts("tokens")),
+                "language_shares": shares(dict(sorted(m.languages.items())))} for k, m in parts.items()}
+
+
 @dataclass(frozen=True, kw_only=True)
 class MergeArgs(StageArgs):
     """``stages/merge.py``'s paths (dvc.yaml passes them): the tokenize stage's folder, the target's
-    ``target.json``, the merged folder written and the headline metrics. The base is ``merge.base`` (a param)."""
+    ``target.json``, the merged folder written, the headline metrics and the mix plot. The base is ``merge.base``
+    (a param)."""
 
     tokenized: Path
     target: Path
     out: Path
     metrics: Path
+    plot: Path
 
 
 def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
@@ -273,6 +353,10 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
         base_counts = Counts.of(base_tables) if b is not None else None
         meta = merged_meta(new, base_counts, b, staged)
         fmt.write_meta(tmp, meta)
+        started = time.perf_counter()
+        mix_entries, mix_counts = merged_mix(tmp, staged, b, new, drop, info)
+        write_record(tmp, mix_entries)
+        stage.run["mix"] = {**mix_counts, "seconds": round(time.perf_counter() - started, 2)}
         np.save(tmp / fmt.ORDER_FILE, fmt.training_order(meta.num_rows, p.seed), allow_pickle=False)
         # The last guard: its verdict comes before the folder is published (a refusal discards it).
         reencoded = base.reencode() if base else {}
@@ -281,13 +365,33 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
             make_read_only(fmt.keys_path(tmp / s.filename))
 
     details = merge_details(base, new, kept, base_counts, overlap, reencoded, carrier, staged)
+    details["mix"] = mix_report(staged, mix_entries, b.num_rows if b else 0)
     stage.details.update(details)
     merged = details["merged"]
     stage.headline.update(rows=merged["samples"], tokens=merged["total_tokens"], loss_tokens=merged["loss_tokens"],
-                          dropped=details["overlap"]["dropped"], base_rows=b.num_rows if b else 0)
+                          dropped=details["overlap"]["dropped"], base_rows=b.num_rows if b else 0,
+                          mix={d: details["mix"]["merged"]["row_shares"][d] for d in DOMAINS})
+    write_csv(args.plot, [{"domain": d, "series": k, "share": details["mix"][k]["row_shares"][d]}
+                          for d in DOMAINS for k in ("base", "new", "merged")])
+    print(format_mix(details["mix"]), flush=True)
     log.info(
         "merged %d base rows (%s) + %d new rows, %d of them dropped as already in the base: %d rows in %d shards "
         "(files carried by %s)",
         b.num_rows if b else 0, ("carried" if b.plan.identity else "rewritten") if b else "none",
         new.num_rows, int(drop.sum()), meta.num_rows, len(staged), details["carried_by"],
     )  # fmt: skip
+
+
+def format_mix(mix: dict[str, Any]) -> str:
+    """The printed table: rows per domain and share of rows / tokens, for base, new and merged."""
+    head = ["set", *DOMAINS, "rows", "top languages"]
+    body = []
+    for k in ("base", "new", "merged"):
+        m = mix[k]
+        rows = sum(m["rows"].values())
+        body.append([k, *(f"{m['rows'].get(d, 0)} ({m['row_shares'][d]:.1%})" for d in DOMAINS), str(rows),
+                     ", ".join(f"{g} {x:.1%}" for g, x in sorted(m["language_shares"].items(), key=lambda kv: -kv[1])[:3])])
+    cells = [head, *body]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i in (0, len(r) - 1) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in cells)

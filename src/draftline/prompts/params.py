@@ -1,6 +1,7 @@
 """The prompt stage's params: ``prompts``, ``dedup`` and ``blend`` of params.yaml, the names of ``sources`` (their
-order is the row order and the dedup tie-break) and ``generate.enable_thinking`` (token costs render prompts as
-generation will), loaded together as :class:`PromptsSettings`."""
+order is the row order and the dedup tie-break), ``generate.enable_thinking`` (token costs render prompts as
+generation will) and ``merge.base`` (whose recorded mix ``blend.target_mix`` and ``blend.max_domain_share`` count),
+loaded together as :class:`PromptsSettings`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from draftline.core.classify import DOMAINS
 from draftline.core.params import Params, ParamsError, load_section, load_value, optional
 
 # samples: rows; tokens: prompt + reference-answer tokens under the target tokenizer.
@@ -68,11 +70,30 @@ class BlendParams(Params):
     seed: int
     eval_per_source: int
     sources: dict[str, BlendSource]
+    # Shares per domain of the merged set (base + new) to aim at, or None (the source weights alone decide).
+    target_mix: dict[str, float] | None
+    # The most any domain may hold of the merged set (a share), or None: off.
+    max_domain_share: float | None
 
     def validate(self, where: str) -> None:
         for key in ("total", "eval_per_source", "seed"):
             if getattr(self, key) < 0:
                 raise ParamsError(f"params.yaml: {where}.{key} must be a non-negative integer, not {getattr(self, key)}")
+        if self.target_mix is not None:
+            unknown = sorted(set(self.target_mix) - set(DOMAINS))
+            if unknown:
+                raise ParamsError(f"params.yaml: {where}.target_mix names {unknown}; the domains are {list(DOMAINS)}")
+            if any(v < 0 or not math.isfinite(v) for v in self.target_mix.values()):
+                raise ParamsError(f"params.yaml: {where}.target_mix shares must be >= 0, not {self.target_mix}")
+            if abs(sum(self.target_mix.values()) - 1.0) > 1e-6:
+                raise ParamsError(f"params.yaml: {where}.target_mix shares must sum to 1, not "
+                                  f"{sum(self.target_mix.values()):.4f} ({self.target_mix})")
+        if self.max_domain_share is not None and not 0.0 < self.max_domain_share <= 1.0:
+            raise ParamsError(f"params.yaml: {where}.max_domain_share must be in (0, 1] or null, not {self.max_domain_share}")
+
+    def requested_mix(self) -> dict[str, float] | None:
+        """``target_mix`` with every domain present (an unnamed domain: 0)."""
+        return None if self.target_mix is None else {d: float(self.target_mix.get(d, 0.0)) for d in DOMAINS}
 
 
 
@@ -85,8 +106,11 @@ class PromptsSettings:
     dedup: DedupParams
     blend: BlendParams
     enable_thinking: bool
+    # ``merge.base``: the set the new rows will be merged onto; its recorded mix counts towards the merged set's.
+    base: str | None = None
 
 
 def load(_args: object = None) -> PromptsSettings:
     return PromptsSettings(list(load_section("sources")), PromptsParams.load("prompts"), DedupParams.load("dedup"),
-                           BlendParams.load("blend"), load_value("generate.enable_thinking", bool))
+                           BlendParams.load("blend"), load_value("generate.enable_thinking", bool),
+                           load_value("merge.base", str | None))

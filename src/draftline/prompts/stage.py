@@ -1,7 +1,9 @@
 """The ``prompts`` stage: every source's conversations -> ``train.jsonl`` + ``eval.jsonl``, metrics and the mix plot.
 
 Order of work: cut a prompt out of every conversation (bad ones counted per reason), exact dedup, near dedup,
-eval split, blend. Every check that can fail (config, feasibility of the blend) runs before anything is written,
+eval split, blend (by source weights, or aimed at ``blend.target_mix`` for the merged set, counting the recorded
+mix of ``merge.base``), the ``blend.max_domain_share`` guard. Every prompt kept gets a domain and a language
+(:mod:`draftline.core.classify`); the report gives them per source, for the base, the new rows and the merged set. Every check that can fail (config, feasibility of the blend) runs before anything is written,
 and the two JSONL files appear together or not at all. Sources are taken in ``params.yaml: sources`` order, which
 also breaks ties in dedup priority; token costs render prompts as generation will (``generate.enable_thinking``).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +20,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from draftline.core.classify import DOMAINS, Label, classify_messages
 from draftline.core.errors import MissingInput
 from draftline.core.files import atomic_path, write_csv
 from draftline.core.logs import get_logger
+from draftline.core.mix import Mix, folder_mix
 from draftline.core.params import ParamsError
 from draftline.core.records import (
     CONVERSATIONS_FILE,
@@ -32,12 +37,23 @@ from draftline.core.records import (
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import RowError, Skips
 from draftline.core.target import load_target, load_tokenizer
-from draftline.prompts.blend import Pool, hash_rank, select, source_plan, split_eval
+from draftline.prompts.aim import aim, check_max_share
+from draftline.prompts.blend import Pool, Selection, hash_rank, select, source_plan, split_eval
 from draftline.prompts.canonical import cut_prompt, user_text
 from draftline.prompts.costs import token_costs
 from draftline.prompts.dedup import MinHasher, exact_duplicates, near_duplicates, number_key, survivor_order
 from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
-from draftline.prompts.report import SourceReport, build_metrics, format_table, plot_rows
+from draftline.prompts.report import (
+    SourceReport,
+    build_metrics,
+    format_mix,
+    format_table,
+    headline_mix,
+    language_rows,
+    mix_details,
+    plot_rows,
+    share_rows,
+)
 
 log = get_logger("draftline.prompts")
 
@@ -123,10 +139,74 @@ class Costs:
         return [self.tokens[i] for i in ids]
 
 
+class Labels:
+    """Every prompt's domain and language (:func:`draftline.core.classify.classify_messages`), each computed once,
+    on demand: without ``blend.target_mix`` only the rows the blend keeps are labelled."""
+
+    def __init__(self, records: list[PromptRecord]):
+        self.by_id = {r.id: r for r in records}
+        self.labels: dict[str, Label] = {}
+        self.seconds = 0.0  # spent labelling (the run file's label_seconds)
+
+    def __call__(self, id_: str) -> Label:
+        if id_ not in self.labels:
+            r = self.by_id[id_]
+            started = time.perf_counter()
+            self.labels[id_] = classify_messages(r.messages, r.tools)
+            self.seconds += time.perf_counter() - started
+        return self.labels[id_]
+
+
+@dataclass
+class Blend:
+    """The blend's outcome: train and eval rows, and the per-domain amounts aimed at (None: no target_mix)."""
+
+    train: list[PromptRecord]
+    eval: list[PromptRecord]
+    aimed: dict[str, int] | None = None
+
+
+def _by_domain(pools: list[Pool], labels: Labels) -> dict[str, list[Pool]]:
+    """Each source's pool cut into one pool per domain, selection order kept."""
+    out: dict[str, list[Pool]] = {d: [] for d in DOMAINS}
+    for p in pools:
+        for d in DOMAINS:
+            keep = [i for i, id_ in enumerate(p.ids) if labels(id_).domain == d]
+            out[d].append(Pool(p.name, [p.ids[i] for i in keep], [p.costs[i] for i in keep], whole=p.whole,
+                               weight=p.weight))
+    return out
+
+
+def _aimed_selection(pools: list[Pool], blend: BlendParams, labels: Labels, base: dict[str, int]
+                     ) -> tuple[Selection, dict[str, int]]:
+    """``blend.target_mix``: the amount of each domain (:func:`draftline.prompts.aim.aim`), then per domain the
+    usual whole / weighted selection among the sources' rows of that domain."""
+    per_domain = _by_domain(pools, labels)
+    floor = {d: sum(p.capacity for p in per_domain[d] if p.whole) for d in DOMAINS}
+    cap = {d: floor[d] + sum(p.capacity for p in per_domain[d] if not p.whole and p.weight > 0) for d in DOMAINS}
+    target = blend.requested_mix()
+    assert target is not None
+    amounts = aim(target, base, floor, cap, blend.total, blend.unit)
+    train = {p.name: [] for p in pools}
+    requested = {p.name: 0 for p in pools}
+    achieved = {p.name: 0 for p in pools}
+    for d in DOMAINS:
+        sel = select(per_domain[d], amounts[d], blend.unit)
+        for name in train:
+            train[name] += sel.train_ids[name]
+            requested[name] += sel.requested[name]
+            achieved[name] += sel.achieved[name]
+    rank = {id_: i for p in pools for i, id_ in enumerate(p.ids)}
+    train = {name: sorted(ids, key=rank.__getitem__) for name, ids in train.items()}
+    return Selection({p.name: p.eval_ids for p in pools}, train, requested, achieved), amounts
+
+
 def blend_rows(
-    kept: list[PromptRecord], reports: dict[str, SourceReport], blend: BlendParams, order: Sequence[str], cost: Costs
-) -> tuple[list[PromptRecord], list[PromptRecord]]:
-    """``(train, eval)``: the eval split and the blend's train rows, each in source order then row order."""
+    kept: list[PromptRecord], reports: dict[str, SourceReport], blend: BlendParams, order: Sequence[str], cost: Costs,
+    labels: Labels | None = None, base: dict[str, int] | None = None,
+) -> Blend:
+    """The eval split and the blend's train rows, each in source order then row order; with ``blend.target_mix``
+    aimed at it (``base``: the base's amount per domain, in ``blend.unit``)."""
     plan = source_plan(order, blend.sources)
     by_source: dict[str, list[PromptRecord]] = {name: [] for name in order}
     for r in kept:
@@ -138,7 +218,11 @@ def blend_rows(
         costs = cost(train_ids) if blend.unit == "tokens" else [1] * len(train_ids)
         pools.append(Pool(name, train_ids, costs, eval_ids=eval_ids, **plan[name]))
         reports[name].available, reports[name].eval_rows = len(ranked), len(eval_ids)
-    selection = select(pools, blend.total, blend.unit)
+    aimed = None
+    if blend.target_mix is None:
+        selection = select(pools, blend.total, blend.unit)
+    else:
+        selection, aimed = _aimed_selection(pools, blend, labels or Labels(kept), base or dict.fromkeys(DOMAINS, 0))
     train: list[PromptRecord] = []
     for pool in pools:
         chosen = selection.train_ids[pool.name]
@@ -150,7 +234,7 @@ def blend_rows(
     position = {name: i for i, name in enumerate(order)}
     train.sort(key=lambda r: (position[r.source], r.row))
     eval_.sort(key=lambda r: (position[r.source], r.row))
-    return train, eval_
+    return Blend(train, eval_, aimed)
 
 
 def _write_outputs(out_dir: Path, train: list[PromptRecord], eval_: list[PromptRecord]) -> None:
@@ -171,24 +255,64 @@ class PromptsArgs(StageArgs):
     out: Path
     metrics: Path
     plot: Path
+    plot_shares: Path
+    plot_languages: Path
+
+
+def base_mix(base: str | None, tokenizer: Any, stage: StageRun, needed: bool) -> Mix:
+    """The recorded mix of ``merge.base`` (labelled here, once, where nothing is recorded); empty without a base.
+    A base that is not a ``save_to_disk`` folder (another trainer's export) has no shards to key a record by: it
+    is left out of the report, and refused where ``needed`` (a target mix or a domain cap counts it)."""
+    if base is None:
+        return Mix()
+    if not (Path(base) / "state.json").is_file():
+        if needed:
+            raise MissingInput(f"merge.base {base} is not a datasets save_to_disk folder, so its mix is unknown to "
+                               "blend.target_mix and blend.max_domain_share: merge it once (its merged folder "
+                               "records its mix) and use that as merge.base, or set both to null")
+        log.warning("merge.base %s is not a save_to_disk folder: the report's mix leaves it out", base)
+        return Mix()
+    started = time.perf_counter()
+    fm, _ = folder_mix(base, tokenizer)
+    stage.run["base_mix"] = {"shards_recorded": fm.recorded, "shards_cached": fm.cached, "shards_labelled": fm.labelled,
+                             "rows_labelled": fm.rows_labelled, "seconds": round(time.perf_counter() - started, 2)}
+    log.info("merge.base %s: mix of %d shards (%d recorded, %d cached, %d labelled now)", base, len(fm.checksums),
+             fm.recorded, fm.cached, fm.labelled)
+    return fm.total
 
 
 def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     """The whole stage over ``p.sources`` (names, in params.yaml order). Raises before writing anything when the
-    blend is infeasible."""
+    blend is infeasible, the target mix out of reach, or a domain over ``blend.max_domain_share``."""
     order = list(p.sources)
     _check_names(order, p.dedup, p.blend)
     records, reports = collect(order, p.prompts, args.conversations)
     kept = deduplicate(records, reports, p.dedup, order)
-    cost = Costs(kept, load_tokenizer(load_target(args.target)), p.enable_thinking)
-    train, eval_ = blend_rows(kept, reports, p.blend, order, cost)
-    _write_outputs(args.out, train, eval_)
+    tokenizer = load_tokenizer(load_target(args.target))
+    cost = Costs(kept, tokenizer, p.enable_thinking)
+    base = base_mix(p.base, tokenizer, stage, p.blend.target_mix is not None or p.blend.max_domain_share is not None)
+    labels = Labels(kept)
+    blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit))
+    train_labels = [labels(r.id) for r in blend.train]
+    for r, label in zip(blend.train, train_labels):
+        reports[r.source].domains[label.domain] += 1
+        reports[r.source].languages[label.lang] += 1
+    new = Mix.of_labels([x.domain for x in train_labels], [x.lang for x in train_labels], cost([r.id for r in blend.train]))
+    stage.run.update(label_seconds=round(labels.seconds, 2), prompts_labelled=len(labels.labels))
+    mix = mix_details(base, new, p.blend.unit, p.blend.requested_mix(), blend.aimed)
+    check_max_share(mix["merged_amounts"], p.blend.max_domain_share, p.blend.unit, mix["base_amounts"])
+    _write_outputs(args.out, blend.train, blend.eval)
     details = build_metrics(reports, p.blend.unit, p.blend.total)
+    details["mix"] = mix
     for r in reports.values():
         stage.skips.counts.update(r.skipped)
     stage.details.update(details)
     stage.headline.update(rows=details["train_rows"], tokens=details["train_tokens"], eval_rows=details["eval_rows"],
-                          duplicates=sum(r.exact_duplicates + r.near_duplicates for r in reports.values()))
+                          duplicates=sum(r.exact_duplicates + r.near_duplicates for r in reports.values()),
+                          **headline_mix(mix))
     write_csv(args.plot, plot_rows(details))
+    write_csv(args.plot_shares, share_rows(mix))
+    write_csv(args.plot_languages, language_rows(mix))
     print(format_table(details), flush=True)
-    log.info("wrote %d train and %d eval prompts to %s", len(train), len(eval_), args.out)
+    print(format_mix(details), flush=True)
+    log.info("wrote %d train and %d eval prompts to %s", len(blend.train), len(blend.eval), args.out)

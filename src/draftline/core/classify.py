@@ -1,0 +1,210 @@
+"""What a prompt is about (its domain) and what language it is written in: the mix by content, not by source.
+
+A source label does not say what its rows are: Infinity-Instruct alone spans code, math and chat, and the reference
+run's 902K-row set turned out to be 77% code only when it was read. So every prompt (the prompt stage's records, a
+base's rows decoded from their tokens) gets a **domain** and a **language** here, by the same rules.
+
+Domains (:data:`DOMAINS`), decided by the first rule that fires, in this order:
+
+1. ``tool_use``: the prompt offers tools (a ``tools`` list, a ``<tools>`` block or OpenAI function specs in the
+   system prompt as a chat template renders them) or already holds tool calls or tool results. The reply a drafter
+   learns there is a tool call or an answer built on a tool result, whatever the question is about: "how much
+   should I tip on $104" with a calculator offered is a tool-use row, not arithmetic. First, because it is the
+   only rule that reads structure, never words.
+2. ``code``: the user's text holds code or asks for it: a code fence, a line that reads as code (``def``,
+   ``class``, ``#include``, ``import``, ``SELECT ... FROM``, a statement ending in ``;`` or ``{``), a programming
+   language named (Python, SQL, GLSL...), or a request to write / implement / debug a function, script, program,
+   query or algorithm. Before math, because a coding task about numbers (a factorial function, pi by Leibniz)
+   is answered in code, and code dominates a drafter's acceptance there.
+3. ``math``: LaTeX (``$...$``, ``\\frac``, ``\\sqrt``), an equation (``4y + 3 = 35``), a number problem (two or
+   more numbers and a calculation cue: how many, how much, calculate, solve, percent, of...), or a question about
+   a mathematical notion (fraction, median, probability, derivative...). Replies here are worked arithmetic.
+4. ``general``: everything else (explanations, writing, advice, reading comprehension, science in words).
+
+Languages are ISO 639-1 codes from py3langid, a pure-Python port of langid.py that ships its model inside the
+package (nothing is downloaded; it runs offline, ~30 us a prompt), restricted to the 116 languages of its model
+that have a two-letter code. It reads the user's text with code, LaTeX, URLs and e-mail addresses taken out (they
+are not natural language and pull short prompts towards random languages). An ASCII text of which at least a fifth
+of the words are English function words (the, of, and, is, what, how...) is English without asking langid: cheap,
+and exact on such text. Text with fewer than
+:data:`MIN_LETTERS` letters left (a bare code snippet, a number) is ``und`` (ISO 639's "undetermined"). langid is
+unreliable on very short Latin-script text; an ASCII-only text shorter than :data:`SHORT_TEXT` letters whose vote is
+not confident (normalised probability below :data:`MIN_CONFIDENCE`) is read as English, the language such short
+instruction prompts are overwhelmingly written in (measured on the hand-labelled set, tests/prompts/labels.jsonl).
+
+Agreement with hand labels is measured by tests/prompts/test_classify.py on the labelled set (docs/prompts.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+DOMAINS = ("code", "math", "tool_use", "general")
+UNDETERMINED = "und"
+MIN_LETTERS = 3
+SHORT_TEXT = 40
+MIN_CONFIDENCE = 0.9
+
+
+@dataclass(frozen=True)
+class Label:
+    """A prompt's domain (one of :data:`DOMAINS`) and language (ISO 639-1, or ``und``)."""
+
+    domain: str
+    lang: str
+
+
+# --- tool use -------------------------------------------------------------------------------------------------
+_TOOLS_IN_TEXT = re.compile(r"<tools>|\"type\"\s*:\s*\"function\"|'type'\s*:\s*'function'|<tool_call>|<tool_response>")
+
+# --- code -----------------------------------------------------------------------------------------------------
+_FENCE = re.compile(r"```")
+_CODE_LINE = re.compile(
+    r"(?m)^\s*(?:def \w+\s*\(|class \w+[\s:(]|#include\s*[<\"]|import \w|from [\w.]+ import |"
+    r"(?:public|private|static) [\w<>\[\]]+ \w+\s*\(|function\s*\w*\s*\(|(?:const|let|var) \w+\s*=|"
+    r"SELECT\b.+\bFROM\b|CREATE TABLE\b|#!/)"
+    r"|^.{0,200}[;{]\s*$"
+)
+_LANGUAGES = re.compile(  # no \b: CJK text runs a name into the next word ("Pythonで")
+    r"(?<![A-Za-z])(?:python|javascript|typescript|java|c\+\+|c#|golang|rust|kotlin|swift|ruby|php|perl|scala|haskell|"
+    r"sql|mysql|postgresql|sqlite|html|css|bash|powershell|matlab|glsl|hlsl|verilog|vhdl|react|django|flask|"
+    r"pandas|numpy|tensorflow|pytorch|regex|regular expression|systemd|dockerfile|kubernetes|c language)(?![A-Za-z])"
+)
+_CODE_ASK = re.compile(
+    r"\b(?:write|implement|create|code|build|fix|debug|refactor|optimi[sz]e|complete|convert|translate)\b[^.?!\n]{0,60}?"
+    r"\b(?:function|method|script|program|class|query|algorithm|pseudo-?code|snippet|code|api|endpoint|unit tests?)\b"
+    r"|\bpseudo-?code\b|\bsource code\b|\bcode snippet\b|\bcompil(?:e|er|ation) error\b|\bstack trace\b"
+)
+_IDENT = re.compile(r"`[A-Za-z_][\w.]*(?:\(\))?`")  # `snake_case` / `camelCase` in backticks: a named identifier
+
+# --- math -----------------------------------------------------------------------------------------------------
+_LATEX = re.compile(r"\$[^$\n]{1,200}\$|\\(?:frac|sqrt|times|cdot|int|sum|prod|lim|le|ge|neq|pi|alpha|theta|begin)\b")
+_EQUATION = re.compile(r"\b\d*[a-z]?\s*[-+*/^×÷]\s*\d+[a-z]?\s*=\s*-?\d|\b[a-z]\s*\^\s*\d|\d\s*[×÷]\s*\d")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:[.,]\d+)?%?")
+_CALC_CUE = re.compile(
+    r"\b(?:how many|how much|how far|how long will|calculate|compute|solve|evaluate|simplify|find the (?:value|sum|"
+    r"product|area|perimeter|volume|slope|probability|number)|what is \d|percent|per cent|total cost|in total|"
+    r"left\b|remain|average|convert)\b|%"
+)
+_MATH_WORDS = re.compile(
+    r"\b(?:fractions?|numerator|denominator|equations?|polynomials?|derivatives?|integrals?|probability|"
+    r"median|variance|standard deviation|theorem|prime numbers?|greatest common (?:divisor|factor)|least common "
+    r"multiple|logarithms?|quadratic|algebra|geometry|trigonometry|calculus|matri(?:x|ces)|vectors? space|"
+    r"odd numbers?|even numbers?|integer|arithmetic|factorial|permutations?|combinatorics|normali[sz]ation)\b"
+)
+# The same cues in a few other languages (the labelled set's): numbers alone do not make a math problem.
+_OTHER_CALC = re.compile(
+    r"多少|几个|计算|方程|概率|面积|いくつ|計算|方程式|몇|계산|\b(?:combien|calcule[rz]?|probabilité|aire|vitesse moyenne|"
+    r"cuánt[oa]s|calcula|probabilidad|área|quant[io]|calcola|probabilità|wie viele?|berechne|wahrscheinlichkeit|"
+    r"сколько|вычисли|найдите|производн\w*|вероятност\w*)"
+)
+
+
+# The word patterns above are matched against the lowercased text (3-4x faster than re.IGNORECASE).
+def _has_code(text: str, low: str) -> bool:
+    return bool(_FENCE.search(text) or _CODE_LINE.search(text) or _LANGUAGES.search(low)
+                or _CODE_ASK.search(low) or _IDENT.search(text))
+
+
+def _has_math(text: str, low: str) -> bool:
+    if _LATEX.search(text) or _EQUATION.search(text) or _MATH_WORDS.search(low):
+        return True
+    return bool(_NUMBER.search(text)) and bool(_CALC_CUE.search(low) or _OTHER_CALC.search(low))
+
+
+def domain_of(user_text: str, tools_offered: bool) -> str:
+    """The domain of a prompt whose user turns read ``user_text`` (see the module docstring for the rules)."""
+    if tools_offered:
+        return "tool_use"
+    low = user_text.lower()
+    if _has_code(user_text, low):
+        return "code"
+    if _has_math(user_text, low):
+        return "math"
+    return "general"
+
+
+# --- language -------------------------------------------------------------------------------------------------
+_NOT_LANGUAGE = re.compile(r"```.*?(?:```|$)|`[^`\n]*`|\$[^$\n]*\$|https?://\S+|\S+@\S+\.\w+|\\[a-z]+", re.DOTALL)
+_LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
+
+
+@lru_cache(maxsize=1)
+def _identifier() -> Any:
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    ident = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    ident.set_languages([c for c in ident.nb_classes if len(c) == 2])
+    return ident
+
+
+# English function words: an ASCII text in which at least ENGLISH_SHARE of the words are among them is English,
+# without asking langid (it costs ~200 us a prompt; this, ~10). Other languages written in ASCII share almost none
+# of them ("a", "in" and "to" are excluded for that reason: Italian, Spanish, Dutch, German use them too).
+_ENGLISH = frozenset(
+    "the of and is are was were be been this that these those what which who whom how why when where with for from "
+    "you your it its can could would should will shall do does did not have has had an as at by if or on my me we "
+    "our they their them there than then into about please i he she his her".split()
+)
+ENGLISH_SHARE = 0.2
+_WORD = re.compile(r"[a-z']+")
+
+
+def _clearly_english(prose: str) -> bool:
+    if not prose.isascii():
+        return False
+    words = _WORD.findall(prose.lower())
+    return len(words) >= 4 and sum(w in _ENGLISH for w in words) >= ENGLISH_SHARE * len(words)
+
+
+def language_of(text: str) -> str:
+    """ISO 639-1 code of ``text``'s natural language, or ``und`` (see the module docstring)."""
+    prose = _NOT_LANGUAGE.sub(" ", text)
+    letters = len(_LETTER.findall(prose))
+    if letters < MIN_LETTERS:
+        return UNDETERMINED
+    if _clearly_english(prose):
+        return "en"
+    lang, prob = _identifier().classify(prose)
+    if lang != "en" and letters < SHORT_TEXT and prose.isascii() and prob < MIN_CONFIDENCE:
+        return "en"
+    return str(lang)
+
+
+def classify(user_text: str, tools_offered: bool) -> Label:
+    return Label(domain_of(user_text, tools_offered), language_of(user_text))
+
+
+def classify_messages(messages: Iterable[dict[str, Any]], tools: list | None) -> Label:
+    """A prompt record's label: its user turns' text; tools offered by the ``tools`` list, a system prompt that
+    embeds tool specs, or tool calls / results already in the prompt."""
+    user, offered = [], bool(tools)
+    for m in messages:
+        role, content = m.get("role"), m.get("content") or ""
+        if role == "user":
+            user.append(content)
+        elif role == "tool" or m.get("tool_calls"):
+            offered = True
+        elif role == "system" and _TOOLS_IN_TEXT.search(content):
+            offered = True
+    return classify("\n".join(user), offered)
+
+
+_CHATML_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL)
+
+
+def classify_rendered(text: str) -> Label:
+    """The label of a prompt decoded from tokens (a base's row, chat template included): ChatML turns
+    (``<|im_start|>role ... <|im_end|>``, Qwen's template) are split by role; any other rendering is read whole
+    as the user's text. Tools offered: a ``<tools>`` block, function specs, tool calls or tool responses."""
+    turns = _CHATML_TURN.findall(text)
+    offered = bool(_TOOLS_IN_TEXT.search(text))
+    if not turns:
+        return classify(text, offered)
+    user = [c for role, c in turns if role == "user" and "<tool_response>" not in c]
+    offered = offered or any(role == "tool" for role, _ in turns)
+    return classify("\n".join(user), offered)
