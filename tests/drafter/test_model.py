@@ -90,8 +90,9 @@ def test_training_blocks_match_decoding(pair):
     anchors, keep = torch.tensor([[3, 10, 15]]), torch.ones(1, 3, dtype=torch.bool)
     with torch.no_grad():
         hidden = drafter(
-            drafter.embed(block_inputs(ids, anchors, drafter.mask_token_id, B)), feats,
-            torch.arange(s)[None], block_positions(anchors, B), block_mask(anchors, keep, s, B),
+            position_ids=torch.cat([torch.arange(s)[None], block_positions(anchors, B)], 1),
+            attention_mask=block_mask(anchors, keep, s, B),
+            noise_embedding=drafter.embed(block_inputs(ids, anchors, drafter.mask_token_id, B)), target_hidden=feats,
         )
         train_logits = drafter.logits(hidden).view(1, 3, B, -1)[:, :, 1:]
     for j, a in enumerate(anchors[0].tolist()):

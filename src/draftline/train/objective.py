@@ -11,6 +11,7 @@ from torch import nn
 from draftline.drafter.model import DFlashDrafter, target_features
 from draftline.train.anchors import sample_anchors
 from draftline.train.data import Batch
+from draftline.drafter.modeling_dflash import FULL
 from draftline.train.masks import block_inputs, block_mask, block_positions, block_targets
 
 
@@ -25,6 +26,18 @@ def capture_features(target: nn.Module, batch: Batch, layer_ids: list[int]) -> t
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True, use_cache=False
     )
     return target_features(out.hidden_states, layer_ids)
+
+
+def block_masks(drafter: DFlashDrafter, anchors: torch.Tensor, keep: torch.Tensor, context_len: int):
+    """The training block mask of each layer type the drafter has: one tensor when every layer is full attention,
+    else ``{layer type: mask}`` (a sliding layer's is causal and windowed as its attention is)."""
+    masks = {}
+    for layer in drafter.layers:
+        attn = layer.self_attn
+        if attn.layer_type not in masks:
+            masks[attn.layer_type] = block_mask(anchors, keep, context_len, drafter.block_size,
+                                                causal=attn.is_causal, window=attn.sliding_window)
+    return masks[FULL] if set(masks) == {FULL} else masks
 
 
 @dataclass
@@ -54,8 +67,9 @@ def dflash_loss(
     s = batch.input_ids.shape[1]
     ids = block_inputs(batch.input_ids, anchors, core.mask_token_id, B)
     ctx_positions = torch.arange(s, device=ids.device).expand(ids.shape[0], s)
-    mask = block_mask(anchors, keep, s, B)
-    hidden = drafter(core.embed(ids), features, ctx_positions, block_positions(anchors, B), mask)
+    positions = torch.cat([ctx_positions, block_positions(anchors, B)], dim=1)
+    hidden = drafter(position_ids=positions, attention_mask=block_masks(core, anchors, keep, s),
+                     noise_embedding=core.embed(ids), target_hidden=features)
     labels, weights = block_targets(batch.input_ids, batch.loss_mask, anchors, keep, B, gamma)
     used = weights.flatten() > 0
     logits = core.logits(hidden.reshape(-1, hidden.shape[-1])[used]).float()
