@@ -83,15 +83,39 @@ def test_cached_drafting_equals_recomputing(pair):
     torch.testing.assert_close(step, fresh, rtol=1e-5, atol=1e-5)
 
 
-def test_training_blocks_match_decoding(pair):
-    """A block trained at anchor a sees exactly what decoding shows it when a is the last accepted token."""
-    _, drafter, ids, feats = pair
+DFLASH2 = {"conv_kernel_size": 3, "conv_group_size": 8, "selector_rank": 4, "selector_top_k": 5}
+
+
+@pytest.fixture(scope="module", params=["dflash", "dflash2", "dflash2-sliding"])
+def variant(request, pair):
+    """The drafter of ``pair``, and DFlash 2 ones (with a sliding-window layer) whose new parts are off their start."""
+    target, drafter, ids, feats = pair
+    if request.param == "dflash":
+        return target, drafter, ids, feats
+    window = {"sliding_window": 5, "max_window_layers": 1} if request.param.endswith("sliding") else {}
+    config = make_config(target.config, num_layers=2, block_size=4, mask_token_id=127, lineage=lineage(),
+                         target_layer_ids=drafter.target_layer_ids, architecture="dflash2", dflash2=DFLASH2, **window)
+    torch.manual_seed(1)
+    d2 = DFlashDrafter(config).bind(target).eval()
+    with torch.no_grad():
+        for name, p in d2.named_parameters():
+            if "conv" in name or "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return target, d2, ids, feats
+
+
+def test_training_blocks_match_decoding(variant):
+    """A block trained at anchor a sees exactly what decoding shows it when a is the last accepted token: the
+    convolutions never reach into the previous block, a sliding layer's training mask is its decoding mask."""
+    from draftline.train.objective import block_masks
+
+    _, drafter, ids, feats = variant
     B, s = drafter.block_size, ids.shape[1]
     anchors, keep = torch.tensor([[3, 10, 15]]), torch.ones(1, 3, dtype=torch.bool)
     with torch.no_grad():
         hidden = drafter(
             position_ids=torch.cat([torch.arange(s)[None], block_positions(anchors, B)], 1),
-            attention_mask=block_mask(anchors, keep, s, B),
+            attention_mask=block_masks(drafter, anchors, keep, s),
             noise_embedding=drafter.embed(block_inputs(ids, anchors, drafter.mask_token_id, B)), target_hidden=feats,
         )
         train_logits = drafter.logits(hidden).view(1, 3, B, -1)[:, :, 1:]

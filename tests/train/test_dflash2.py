@@ -173,3 +173,12 @@ def test_params_name_a_bad_dflash2_section():
         TrainParams.parse(S.small_params(dflash2=dflash2(gold_outside_top_k="keep")), "train")
     with pytest.raises(ParamsError, match="max_window_layers"):
         TrainParams.parse(S.small_params(sliding_window=8, max_window_layers=1), "train")
+
+
+def test_the_same_dflash2_params_give_the_same_checkpoint_bytes(tmp_path, workdir, train):
+    outs = []
+    for name in ("a", "b"):
+        root = _copy_inputs(workdir, tmp_path / name)
+        train(S.train_params(max_steps=6, architecture="dflash2", sliding_window=16, max_window_layers=0), root)
+        outs.append((root / "data" / "checkpoints" / "model.safetensors").read_bytes())
+    assert outs[0] == outs[1]
