@@ -144,3 +144,22 @@ def test_dflash_generate_accepts_what_draftline_accepts(saved, monkeypatch):
         assert len(theirs.acceptance_lengths) == len(ours.produced)
         steps += len(ours.produced)
     assert steps < 4 * MAX_NEW  # the drafts were accepted at times: acceptance lengths above one were compared
+
+
+def test_z_labs_dflash1_draft_model_loads_a_dflash1_checkpoint(tmp_path):
+    target = tiny_target()
+    config = make_config(target.config, num_layers=2, block_size=BLOCK, mask_token_id=MASK, lineage=lineage(),
+                         target_layer_ids=[1, 3])
+    torch.manual_seed(1)
+    drafter = trained_like(DFlashDrafter(config).bind(target).eval(), seed=3)
+    drafter.save_pretrained(tmp_path / "d1", dtype=torch.float32)
+    model, info = zlab.DFlashDraftModel.from_pretrained(tmp_path / "d1", dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    ids = torch.randint(0, VOCAB - 2, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        feats = target_features(target(ids, output_hidden_states=True).hidden_states, [1, 3])
+        block = torch.full((1, BLOCK), MASK)
+        block[0, 0] = ids[0, -1]
+        theirs = z_lab_block(model.eval(), target, feats, block, torch.arange(9 + BLOCK)[None], None)
+        ours = drafter.draft(feats, block[:, 0], drafter.new_cache())
+    torch.testing.assert_close(ours.hidden, theirs, rtol=1e-5, atol=1e-5)
