@@ -100,10 +100,11 @@ def test_the_selector_loss_trains_the_selector_alone(workdir):
         feats = target_features(target.model(batch.input_ids, attention_mask=batch.attention_mask,
                                               output_hidden_states=True).hidden_states, [1, 3])
 
-    def grads(weight):
+    def grads(weight, gold_outside_top_k="drop"):
         drafter.zero_grad()
         stats = dflash_loss(drafter, feats, batch, anchors_per_seq=4, gamma=4.0,
-                            generator=torch.Generator().manual_seed(0), selector_weight=weight)
+                            generator=torch.Generator().manual_seed(0), selector_weight=weight,
+                            gold_outside_top_k=gold_outside_top_k)
         stats.loss.backward()
         return stats, {n: p.grad.clone() if p.grad is not None else None for n, p in drafter.named_parameters()}
 
@@ -118,6 +119,12 @@ def test_the_selector_loss_trains_the_selector_alone(workdir):
         else:
             torch.testing.assert_close(g1[name], g, rtol=0, atol=0)
     assert g1["candidate_selector.successor_codebook"].abs().sum() > 0  # the zero codebook gets to move
+    # Inserted, a gold token outside the top K is the K-th candidate: every label counts, the loss is larger
+    # (the inserted gold has a low logit), recall and accuracy are counted on the true top K as before.
+    inserted, _ = grads(1.0, "insert")
+    i_loss, i_in_top, i_picks, i_labels = inserted.selector.tolist()
+    assert (i_in_top, i_labels) == (in_top, labels) and i_loss > loss
+    assert float(inserted.loss) > float(with_selector.loss)
 
 
 def test_dflash2_trains_from_scratch_and_from_a_dflash1_drafter(tmp_path, workdir, train):
