@@ -152,9 +152,13 @@ class GroupedDynamicCausalConv(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.zeros_(self.base_kernel)
-        with torch.no_grad():
-            self.base_kernel[:, 0] = 1.0
+        identity = torch.zeros_like(self.base_kernel)
+        identity[:, 0] = 1.0
+        if hasattr(init, "copy_"):  # transformers 5's: leaves a kernel a checkpoint loaded alone
+            init.copy_(self.base_kernel, identity)
+        else:
+            with torch.no_grad():
+                self.base_kernel.copy_(identity)
         init.zeros_(self.kernel_projection.weight)
 
     def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
