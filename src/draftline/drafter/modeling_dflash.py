@@ -218,64 +218,6 @@ class DFlashDecoderLayer(nn.Module):
         return h + x
 
 
-# -- 6. DFlash 2: the candidate selector (before 5, which builds it) ------------------------------------------------
-
-class CandidateSelector(nn.Module):
-    """Rescores the top-K draft tokens of each block position with a low-rank pairwise term and walks the block.
-
-    ``score(c | p, h_k) = unary_k[c] + <predecessor[p] * W h_k, successor[c]>``: ``p`` is the token chosen at the
-    previous position (the verified token at the first), ``h_k`` the drafter's final hidden state there. The codebooks
-    are bare ``[vocab, rank]`` tensors (z-lab's checkpoint names: ``candidate_selector.{predecessor,successor}_codebook``).
-    """
-
-    def __init__(self, config: Qwen3Config):
-        super().__init__()
-        rank = int(dflash_value(config, "selector_rank"))
-        self.top_k = int(dflash_value(config, "selector_top_k"))
-        self.std = getattr(config, "initializer_range", 0.02)
-        self.predecessor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
-        self.successor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
-        self.hidden_projection = nn.Linear(config.hidden_size, rank, bias=False)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        init.normal_(self.predecessor_codebook, mean=0.0, std=self.std)
-        init.zeros_(self.successor_codebook)  # zero: the pairwise term vanishes, the selector picks the argmax
-        init.normal_(self.hidden_projection.weight, mean=0.0, std=self.std)
-
-    def candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(unary, ids)`` [..., K]: the top-K logits and their token ids, best first."""
-        return torch.topk(logits, self.top_k, dim=-1)
-
-    def scores(self, projected, predecessor, candidates, unary) -> torch.Tensor:
-        """Scores [..., K] of ``candidates`` [..., K] after ``predecessor`` [...], with ``projected`` = W h [..., rank]."""
-        query = self.predecessor_codebook[predecessor] * projected
-        pair = torch.einsum("...r,...kr->...k", query.to(self.successor_codebook.dtype),
-                            self.successor_codebook[candidates])
-        return unary + pair.to(unary.dtype)
-
-    def select(self, hidden, logits, anchor_ids, temperature: float = 0.0, generator=None):
-        """Walk the block from ``anchor_ids`` [b]: ``hidden`` [b, m, hidden] and ``logits`` [b, m, vocab] of the m
-        drafted positions. Returns ``(path [b, m], candidates [b, m, K], probs [b, m, K])``: greedy (temperature 0)
-        takes each position's best score and ``probs`` is the softmax of the scores; sampled, each position is drawn
-        from ``probs`` = softmax(scores / temperature), the K-way proposal the rejection step divides by."""
-        unary, candidates = self.candidates(logits)
-        projected = self.hidden_projection(hidden)
-        predecessor, path, probs = anchor_ids, [], []
-        for k in range(hidden.shape[1]):
-            scores = self.scores(projected[:, k], predecessor, candidates[:, k], unary[:, k]).float()
-            if temperature > 0:
-                p = torch.softmax(scores / temperature, dim=-1)
-                index = torch.multinomial(p, 1, generator=generator)[:, 0]
-            else:
-                p = torch.softmax(scores, dim=-1)
-                index = scores.argmax(dim=-1)
-            predecessor = candidates[:, k].gather(-1, index[:, None])[:, 0]
-            path.append(predecessor)
-            probs.append(p)
-        return torch.stack(path, 1), candidates, torch.stack(probs, 1)
-
-
 # -- 5. the drafter ------------------------------------------------------------------------------------------------
 
 class DFlashModules(nn.Module):
@@ -335,6 +277,64 @@ class DFlashModules(nn.Module):
         """DFlash 2: the selector's path through the block (see :meth:`CandidateSelector.select`)."""
         return self.candidate_selector.select(hidden, self.compute_logits(hidden, output_head), anchor_ids,
                                               temperature, generator)
+
+
+# -- 6. DFlash 2: the candidate selector ------------------------------------------------------------------------
+
+class CandidateSelector(nn.Module):
+    """Rescores the top-K draft tokens of each block position with a low-rank pairwise term and walks the block.
+
+    ``score(c | p, h_k) = unary_k[c] + <predecessor[p] * W h_k, successor[c]>``: ``p`` is the token chosen at the
+    previous position (the verified token at the first), ``h_k`` the drafter's final hidden state there. The codebooks
+    are bare ``[vocab, rank]`` tensors (z-lab's checkpoint names: ``candidate_selector.{predecessor,successor}_codebook``).
+    """
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__()
+        rank = int(dflash_value(config, "selector_rank"))
+        self.top_k = int(dflash_value(config, "selector_top_k"))
+        self.std = getattr(config, "initializer_range", 0.02)
+        self.predecessor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
+        self.hidden_projection = nn.Linear(config.hidden_size, rank, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.normal_(self.predecessor_codebook, mean=0.0, std=self.std)
+        init.zeros_(self.successor_codebook)  # zero: the pairwise term vanishes, the selector picks the argmax
+        init.normal_(self.hidden_projection.weight, mean=0.0, std=self.std)
+
+    def candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(unary, ids)`` [..., K]: the top-K logits and their token ids, best first."""
+        return torch.topk(logits, self.top_k, dim=-1)
+
+    def scores(self, projected, predecessor, candidates, unary) -> torch.Tensor:
+        """Scores [..., K] of ``candidates`` [..., K] after ``predecessor`` [...], with ``projected`` = W h [..., rank]."""
+        query = self.predecessor_codebook[predecessor] * projected
+        pair = torch.einsum("...r,...kr->...k", query.to(self.successor_codebook.dtype),
+                            self.successor_codebook[candidates])
+        return unary + pair.to(unary.dtype)
+
+    def select(self, hidden, logits, anchor_ids, temperature: float = 0.0, generator=None):
+        """Walk the block from ``anchor_ids`` [b]: ``hidden`` [b, m, hidden] and ``logits`` [b, m, vocab] of the m
+        drafted positions. Returns ``(path [b, m], candidates [b, m, K], probs [b, m, K])``: greedy (temperature 0)
+        takes each position's best score and ``probs`` is the softmax of the scores; sampled, each position is drawn
+        from ``probs`` = softmax(scores / temperature), the K-way proposal the rejection step divides by."""
+        unary, candidates = self.candidates(logits)
+        projected = self.hidden_projection(hidden)
+        predecessor, path, probs = anchor_ids, [], []
+        for k in range(hidden.shape[1]):
+            scores = self.scores(projected[:, k], predecessor, candidates[:, k], unary[:, k]).float()
+            if temperature > 0:
+                p = torch.softmax(scores / temperature, dim=-1)
+                index = torch.multinomial(p, 1, generator=generator)[:, 0]
+            else:
+                p = torch.softmax(scores, dim=-1)
+                index = scores.argmax(dim=-1)
+            predecessor = candidates[:, k].gather(-1, index[:, None])[:, 0]
+            path.append(predecessor)
+            probs.append(p)
+        return torch.stack(path, 1), candidates, torch.stack(probs, 1)
 
 
 # -- 7. the transformers classes -----------------------------------------------------------------------------------
