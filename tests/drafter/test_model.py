@@ -11,7 +11,7 @@ from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config, target_features
-from draftline.train.masks import block_inputs, block_mask, block_positions
+from draftline.train.masks import block_inputs, block_positions
 
 
 @pytest.fixture(scope="module")

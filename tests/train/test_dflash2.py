@@ -84,10 +84,10 @@ def test_a_warm_started_dflash2_drafts_exactly_what_its_dflash1_source_drafts(tm
 
 def test_the_selector_loss_trains_the_selector_alone(workdir):
     """The selector's loss reaches the selector's weights and leaves the drafter's layers to the block loss."""
+    from transformers import Qwen3ForCausalLM
+
     from draftline.core.dataset import load_training_set
     from draftline.train.data import collate
-
-    from transformers import Qwen3ForCausalLM
 
     target = Qwen3ForCausalLM.from_pretrained(workdir / "target-model").eval()
     config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),

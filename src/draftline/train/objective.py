@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftline.drafter.model import DFlashDrafter, target_features
+from draftline.drafter.modeling_dflash import FULL
 from draftline.train.anchors import sample_anchors
 from draftline.train.data import Batch
-from draftline.drafter.modeling_dflash import FULL
 from draftline.train.masks import block_inputs, block_mask, block_positions, block_targets
 
 
