@@ -189,3 +189,20 @@ def test_the_same_dflash2_params_give_the_same_checkpoint_bytes(tmp_path, workdi
         train(S.train_params(max_steps=6, architecture="dflash2", sliding_window=16, max_window_layers=0), root)
         outs.append((root / "data" / "checkpoints" / "model.safetensors").read_bytes())
     assert outs[0] == outs[1]
+
+
+def test_dflash2_under_two_process_gloo_ddp(tmp_path, workdir):
+    """The selector's loss is computed beside DDP's forward: every rank's selector still gets (and all-reduces) its
+    gradients, and the run finishes with the selector's figures."""
+    import sys
+
+    root = _copy_inputs(workdir, tmp_path)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{repo / 'src'}:{repo / 'tests'}", "OMP_NUM_THREADS": "1",
+           "DRAFTLINE_CACHE": str(S.cache(root))}
+    params = S.small_params(gpus=2, epochs=1, log_every=2, architecture="dflash2")
+    done = subprocess.run([sys.executable, str(repo / "tests" / "drafter_support.py"), str(root), json.dumps(params)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((root / "reports" / "train.json").read_text())
+    assert report["architecture"] == "dflash2" and 0 <= report["selector_accuracy"] <= 1
