@@ -106,7 +106,7 @@ def test_z_labs_forward_and_selector_equal_ours(saved):
 
 
 class SelectorProposer:
-    """The evaluate stage's DFlash proposer (draftline.evaluate.speculative.DFlashProposer) drafting through the
+    """The evaluate stage's DFlash proposer (draftline.drafter.decoding.DFlashProposer) drafting through the
     selector: the drafter's block, then its selector path from the last accepted token."""
 
     def __init__(self, drafter: DFlashDrafter):
@@ -128,7 +128,7 @@ def test_dflash_generate_accepts_what_draftline_accepts(saved, monkeypatch):
 
     At a reply's last step z-lab drafts a block shortened to the tokens still wanted, draftline a whole block cut
     at verification; the non-causal block then differs, so that one step's acceptance may too: compared up to it."""
-    from draftline.evaluate.speculative import speculative_generate
+    from draftline.drafter.decoding import speculative_generate
 
     target, drafter, folder = saved
     model = zlab.DFlash2DraftModel.from_pretrained(folder, dtype=torch.float32).eval()
