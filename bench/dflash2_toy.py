@@ -5,7 +5,9 @@ Not the embedded default (its target takes most of a `dvc repro`): a 6-layer Qwe
 language, as the generate stage has the target write the training answers; the train stage (the stage runner's ``execute``, params.yaml's train section with the sizes below)
 trains on them; held-out prompts are decoded greedily by the evaluate stage's loop (``speculative_generate``), the
 drafts being the logits' argmax (unary path) or, for DFlash 2, the candidate selector's path. Reported per drafter:
-tau (tokens per target forward), and for DFlash 2 the top-K oracle acceptance (drafts accepted per step, bonus token
+tau (tokens per target forward), greedy and sampled (the evaluate stage's ``sampled`` setting: temperature 1, top-p
+0.95, top-k 20, verified by rejection sampling; the selector's path drawn from its K-way probabilities at the same
+temperature, which the rejection step divides by), and for DFlash 2 the top-K oracle acceptance (drafts accepted per step, bonus token
 excluded, had every position drafted its gold token whenever that token is among its top-K candidates, on the
 selector run's own steps: the selector's ceiling). (a) DFlash 1, (b) DFlash 2 from scratch, the same steps; (c)
 (a) trained ``--more`` steps further as DFlash 1, and DFlash 2 warm-started from (a) for the same steps.
@@ -138,8 +140,16 @@ class Recorder:
         self.cache, self.steps = self.drafter.new_cache(), []
 
     def propose(self, ctx):
+        from draftline.drafter.decoding import Draft, draw
+
         last = ctx.tokens[-1:]
         block = self.drafter.draft(ctx.hidden[None, len(ctx.hidden) - ctx.new:], last, self.cache)
+        if not ctx.sampling.greedy:  # drafts drawn; the rejection step divides by the distribution they came from
+            if self.selector and self.drafter.candidate_selector is not None:
+                path, candidates, probs = self.drafter.select(block, last, ctx.sampling.temperature, ctx.generator)
+                return Draft(path[0], probs[0], candidates[0])
+            probs = ctx.sampling.probs(block.logits[0])
+            return Draft(draw(probs, ctx.generator), probs)
         if self.drafter.candidate_selector is None:
             self.steps.append((len(ctx.tokens), None))
             return block.logits[0].argmax(-1)
@@ -148,8 +158,11 @@ class Recorder:
         return path[0] if self.selector else block.logits[0].argmax(-1)
 
 
+SAMPLED = dict(temperature=1.0, top_p=0.95, top_k=20)  # the evaluate stage's `sampled` setting (z-lab's cards')
+
+
 def evaluate(root: Path, target, name: str, prompts: torch.Tensor, selector: bool) -> dict:
-    from draftline.drafter.decoding import speculative_generate
+    from draftline.drafter.decoding import Sampling, speculative_generate
     from draftline.drafter.model import DFlashDrafter
 
     drafter = DFlashDrafter.from_pretrained(root / "ckpt" / name, target)
@@ -172,6 +185,13 @@ def evaluate(root: Path, target, name: str, prompts: torch.Tensor, selector: boo
     out = {"tau": round(produced / forwards, 3)}
     if oracle_steps:
         out["oracle_topk_accept"] = round(oracle_accepted / oracle_steps, 3)
+    sampling = Sampling(**SAMPLED)
+    produced = forwards = 0
+    for i, p in enumerate(prompts.tolist()):
+        gen = speculative_generate(target, rec, p, REPLY, sampling=sampling, seed=i)
+        produced += len(gen.tokens)
+        forwards += gen.steps + 1
+    out["tau_sampled"] = round(produced / forwards, 3)
     return out
 
 
