@@ -147,3 +147,25 @@ def test_features_are_raw_layer_outputs_and_the_last_layer_is_refused(pair):
         torch.testing.assert_close(target_features(hs, [i]), outputs[i])
     with pytest.raises(ValueError, match="last layer"):
         make_config(target.config, num_layers=1, block_size=4, mask_token_id=127, lineage=lineage(), target_layer_ids=[1, 5])
+
+
+def test_the_selector_samples_from_the_probabilities_it_returns(pair):
+    """select() at a temperature: each position drawn from ``probs`` over its candidates (a fresh selector's are the
+    softmax of the top-K logits at that temperature), reproducibly from the generator; greedy: the best score."""
+    target, drafter, ids, feats = pair
+    config = make_config(target.config, num_layers=2, block_size=4, mask_token_id=127, lineage=lineage(),
+                         target_layer_ids=drafter.target_layer_ids, architecture="dflash2", dflash2=DFLASH2)
+    torch.manual_seed(2)
+    d2 = DFlashDrafter(config).bind(target).eval()
+    block = d2.draft(feats[:, :12], ids[:, 12], d2.new_cache())
+    draws = [d2.select(block, ids[:, 12], 0.7, torch.Generator().manual_seed(s)) for s in (0, 0, 1)]
+    path, candidates, probs = draws[0]
+    assert torch.equal(path, draws[1][0])
+    top = block.logits.topk(DFLASH2["selector_top_k"], dim=-1)
+    assert torch.equal(candidates, top.indices)
+    torch.testing.assert_close(probs, torch.softmax(top.values / 0.7, dim=-1))
+    assert bool((candidates == path[..., None]).any(-1).all())
+    greedy_path, _, _ = d2.select(block, ids[:, 12])
+    assert torch.equal(greedy_path, block.logits.argmax(-1))
+    with pytest.raises(ValueError, match="DFlash 2"):
+        drafter.select(drafter.draft(feats[:, :12], ids[:, 12], drafter.new_cache()), ids[:, 12])
