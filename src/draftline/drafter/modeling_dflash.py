@@ -234,6 +234,9 @@ class DFlashModules(nn.Module):
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         self.candidate_selector = CandidateSelector(config) if is_dflash2(config) else None
+        # Logit scaling some released drafters carry (z-lab's and vLLM's readers honour them; the train stage writes neither).
+        self.output_multiplier = float(dflash_value(config, "output_multiplier", 1.0))
+        self.softcap = float(dflash_value(config, "final_logit_softcapping", None) or 0.0)
 
     def init_module(self, module: nn.Module, std: float) -> None:
         """Qwen3's initialisation (normal Linear weights, RMSNorm at one) and DFlash 2's identity / zero starts."""
@@ -271,7 +274,12 @@ class DFlashModules(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
         """Logits of the block positions through the target's own output head (the drafter has none)."""
-        return output_head(hidden)
+        logits = output_head(hidden)
+        if self.output_multiplier != 1.0:
+            logits = logits * self.output_multiplier
+        if self.softcap > 0:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def propose(self, hidden, anchor_ids, output_head, temperature: float = 0.0, generator=None):
         """DFlash 2: the selector's path through the block (see :meth:`CandidateSelector.select`)."""
