@@ -4,7 +4,8 @@ This file imports torch and transformers only. The train stage copies it into ev
 ``config.json``'s ``auto_map``, so ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` builds the drafter
 anywhere; draftline's own drafter (:mod:`draftline.drafter.model`) is :class:`DFlashModules` too, so training, the
 evaluate stage and a checkpoint loaded without draftline run this forward and nothing else. Written for draftline from
-the DFlash papers and z-lab's public interface (``dflash`` 0.1.0: class names, call signature, weight names), not copied.
+the DFlash papers and z-lab's public interface (``dflash`` 0.1.0: class names, call signature, weight names), not
+copied.
 
 Read top to bottom:
 
@@ -164,7 +165,8 @@ class GroupedDynamicCausalConv(nn.Module):
     def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
         b, n, hidden = x.shape
         blocks = x.view(b, n, self.groups, self.group_size)
-        # Position within its block: a value `offset` back exists only where this is >= offset (never the previous block).
+        # Position within its block: a value `offset` back exists only where this is >= offset (never the previous
+        # block).
         within = torch.arange(n, device=x.device) % self.block_size
         out = torch.zeros_like(blocks)
         for offset in range(self.kernel_size):
@@ -186,7 +188,8 @@ class GroupedDynamicCausalConv(nn.Module):
 # -- 4. the decoder layer ------------------------------------------------------------------------------------------
 
 class DFlashDecoderLayer(nn.Module):
-    """A Qwen3 decoder layer whose attention also reads the context; DFlash 2 wraps attention and MLP in convolutions."""
+    """A Qwen3 decoder layer whose attention also reads the context; DFlash 2 wraps attention and MLP in
+    convolutions."""
 
     def __init__(self, config: Qwen3Config, layer_idx: int):
         super().__init__()
@@ -234,7 +237,8 @@ class DFlashModules(nn.Module):
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         self.candidate_selector = CandidateSelector(config) if is_dflash2(config) else None
-        # Logit scaling some released drafters carry (z-lab's and vLLM's readers honour them; the train stage writes neither).
+        # Logit scaling some released drafters carry (z-lab's and vLLM's readers honour them; the train stage writes
+        # neither).
         self.output_multiplier = float(dflash_value(config, "output_multiplier", 1.0))
         self.softcap = float(dflash_value(config, "final_logit_softcapping", None) or 0.0)
 
@@ -294,7 +298,8 @@ class CandidateSelector(nn.Module):
 
     ``score(c | p, h_k) = unary_k[c] + <predecessor[p] * W h_k, successor[c]>``: ``p`` is the token chosen at the
     previous position (the verified token at the first), ``h_k`` the drafter's final hidden state there. The codebooks
-    are bare ``[vocab, rank]`` tensors (z-lab's checkpoint names: ``candidate_selector.{predecessor,successor}_codebook``).
+    are bare ``[vocab, rank]`` tensors (z-lab's checkpoint names:
+    ``candidate_selector.{predecessor,successor}_codebook``).
     """
 
     def __init__(self, config: Qwen3Config):
@@ -317,7 +322,7 @@ class CandidateSelector(nn.Module):
         return torch.topk(logits, self.top_k, dim=-1)
 
     def scores(self, projected, predecessor, candidates, unary) -> torch.Tensor:
-        """Scores [..., K] of ``candidates`` [..., K] after ``predecessor`` [...], with ``projected`` = W h [..., rank]."""
+        """Scores [..., K] of ``candidates`` [..., K] after ``predecessor`` [...]; ``projected`` = W h [..., rank]."""
         query = self.predecessor_codebook[predecessor] * projected
         pair = torch.einsum("...r,...kr->...k", query.to(self.successor_codebook.dtype),
                             self.successor_codebook[candidates])
