@@ -2,17 +2,18 @@
 
 Not the embedded default (its target takes most of a `dvc repro`): a 6-layer Qwen3 target (vocabulary 256, hidden
 64) taught a counting language for a few hundred steps writes its own greedy continuations of prompts of that
-language, as the generate stage has the target write the training answers; the train stage (the stage runner's ``execute``, params.yaml's train section with the sizes below)
-trains on them; held-out prompts are decoded greedily by the evaluate stage's loop (``speculative_generate``), the
-drafts being the logits' argmax (unary path) or, for DFlash 2, the candidate selector's path. Reported per drafter:
-tau (tokens per target forward), greedy and sampled (the evaluate stage's ``sampled`` setting: temperature 1, top-p
-0.95, top-k 20, verified by rejection sampling; the selector's path drawn from its K-way probabilities at the same
-temperature, which the rejection step divides by), and for DFlash 2 the top-K oracle acceptance (drafts accepted per step, bonus token
-excluded, had every position drafted its gold token whenever that token is among its top-K candidates, on the
-selector run's own steps: the selector's ceiling). (a) DFlash 1, (b) DFlash 2 from scratch, the same steps; (c)
-(a) trained ``--more`` steps further as DFlash 1, and DFlash 2 warm-started from (a) for the same steps.
+language, as the generate stage has the target write the training answers; the train stage (the stage runner's
+``execute``, params.yaml's train section with the sizes below) trains on them; held-out prompts are decoded
+by the evaluate stage's loop (``speculative_generate``), the drafts being the logits' argmax (unary path) or, for
+DFlash 2, the candidate selector's path. Reported per drafter: tau (tokens per target forward), greedy and sampled
+(the evaluate stage's ``sampled`` setting: temperature 1, top-p 0.95, top-k 20, verified by rejection sampling; the
+selector's path drawn from its K-way probabilities at the same temperature, which the rejection step divides by),
+and for DFlash 2 the top-K oracle acceptance (drafts accepted per step, bonus token excluded, had every position
+drafted its gold token whenever that token is among its top-K candidates, on the selector run's own steps: the
+selector's ceiling). (a) DFlash 1, (b) DFlash 2 from scratch, the same steps; (c) (a) trained ``--more`` steps
+further as DFlash 1, and DFlash 2 warm-started from (a) for the same steps.
 
-    python bench/dflash2_toy.py                       # 4 trainings per seed: ~12 minutes a seed on 2 busy cores
+    python bench/dflash2_toy.py                       # 4 trainings per seed: ~7 minutes a seed on 2 busy cores
     python bench/dflash2_toy.py --steps 400 --more 200 --seeds 0 1 2
 """
 

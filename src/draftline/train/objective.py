@@ -96,7 +96,8 @@ def dflash_loss(
 
 
 def selector_loss(core: DFlashDrafter, hidden: torch.Tensor, logits: torch.Tensor, previous: torch.Tensor,
-                  gold: torch.Tensor, weights: torch.Tensor, gold_outside_top_k: str) -> tuple[torch.Tensor, torch.Tensor]:
+                  gold: torch.Tensor, weights: torch.Tensor,
+                  gold_outside_top_k: str) -> tuple[torch.Tensor, torch.Tensor]:
     """DFlash 2's selector objective: a K-way cross-entropy over each position's top-K candidates, the gold token's
     index the label, weighted by the block position's weight.
 

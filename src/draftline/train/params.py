@@ -13,7 +13,8 @@ NOT_IN_KEY = ("save_every", "log_every", "memory_limit_gb", "max_skip_share", "f
 
 @dataclass(frozen=True)
 class DFlash2Params(Params):
-    """``params.yaml: train.dflash2``: DFlash 2's parts and the selector's loss (read when ``architecture: dflash2``)."""
+    """``params.yaml: train.dflash2``: DFlash 2's parts and the selector's loss (read when ``architecture:
+    dflash2``)."""
 
     conv_kernel_size: int
     conv_group_size: int
