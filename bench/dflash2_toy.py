@@ -13,7 +13,7 @@ drafted its gold token whenever that token is among its top-K candidates, on the
 selector's ceiling). (a) DFlash 1, (b) DFlash 2 from scratch, the same steps; (c) (a) trained ``--more`` steps
 further as DFlash 1, and DFlash 2 warm-started from (a) for the same steps.
 
-    python bench/dflash2_toy.py                       # 4 trainings per seed: ~7 minutes a seed on 2 busy cores
+    python bench/dflash2_toy.py                       # 4 trainings per seed: ~3 minutes a seed on 2 busy cores
     python bench/dflash2_toy.py --steps 400 --more 200 --seeds 0 1 2
 """
 
