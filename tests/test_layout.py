@@ -143,8 +143,8 @@ def command_mismatches(stages) -> list[str]:
 
 
 # Declared deps that no argument names, on purpose: where the embedded default's sources live (a param, per source,
-# names the file), and where merge.base lives (a param names it).
-OPTIONAL_DEPS = {"data/samples", "data/bases"}
+# names the file), where merge.base lives and where train.init_from's starting drafter lives (a param names them).
+OPTIONAL_DEPS = {"data/samples", "data/bases", "data/drafters"}
 
 
 def test_every_command_passes_exactly_its_declared_paths() -> None:

@@ -77,7 +77,7 @@ def test_automodel_with_trust_remote_code_runs_the_same_draft_forward(saved):
     positions = torch.arange(9 + BLOCK)[None]
     with torch.no_grad():
         theirs = model(position_ids=positions, noise_embedding=noise, target_hidden=features)
-        ours = drafter(noise, features, positions[:, :9], positions[:, 9:])
+        ours = drafter(position_ids=positions, noise_embedding=noise, target_hidden=features)
         logits = model.compute_logits(theirs, target.get_output_embeddings())
     assert theirs.shape == (1, BLOCK, 64)
     torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config, target_features
-from draftline.train.masks import block_inputs, block_mask, block_positions
+from draftline.train.masks import block_inputs, block_positions
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +83,40 @@ def test_cached_drafting_equals_recomputing(pair):
     torch.testing.assert_close(step, fresh, rtol=1e-5, atol=1e-5)
 
 
-def test_training_blocks_match_decoding(pair):
-    """A block trained at anchor a sees exactly what decoding shows it when a is the last accepted token."""
-    _, drafter, ids, feats = pair
+DFLASH2 = {"conv_kernel_size": 3, "conv_group_size": 8, "selector_rank": 4, "selector_top_k": 5}
+
+
+@pytest.fixture(scope="module", params=["dflash", "dflash2", "dflash2-sliding"])
+def variant(request, pair):
+    """The drafter of ``pair``, and DFlash 2 ones (with a sliding-window layer) whose new parts are off their start."""
+    target, drafter, ids, feats = pair
+    if request.param == "dflash":
+        return target, drafter, ids, feats
+    window = {"sliding_window": 5, "max_window_layers": 1} if request.param.endswith("sliding") else {}
+    config = make_config(target.config, num_layers=2, block_size=4, mask_token_id=127, lineage=lineage(),
+                         target_layer_ids=drafter.target_layer_ids, architecture="dflash2", dflash2=DFLASH2, **window)
+    torch.manual_seed(1)
+    d2 = DFlashDrafter(config).bind(target).eval()
+    with torch.no_grad():
+        for name, p in d2.named_parameters():
+            if "conv" in name or "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return target, d2, ids, feats
+
+
+def test_training_blocks_match_decoding(variant):
+    """A block trained at anchor a sees exactly what decoding shows it when a is the last accepted token: the
+    convolutions never reach into the previous block, a sliding layer's training mask is its decoding mask."""
+    from draftline.train.objective import block_masks
+
+    _, drafter, ids, feats = variant
     B, s = drafter.block_size, ids.shape[1]
     anchors, keep = torch.tensor([[3, 10, 15]]), torch.ones(1, 3, dtype=torch.bool)
     with torch.no_grad():
         hidden = drafter(
-            drafter.embed(block_inputs(ids, anchors, drafter.mask_token_id, B)), feats,
-            torch.arange(s)[None], block_positions(anchors, B), block_mask(anchors, keep, s, B),
+            position_ids=torch.cat([torch.arange(s)[None], block_positions(anchors, B)], 1),
+            attention_mask=block_masks(drafter, anchors, keep, s),
+            noise_embedding=drafter.embed(block_inputs(ids, anchors, drafter.mask_token_id, B)), target_hidden=feats,
         )
         train_logits = drafter.logits(hidden).view(1, 3, B, -1)[:, :, 1:]
     for j, a in enumerate(anchors[0].tolist()):
@@ -122,3 +147,25 @@ def test_features_are_raw_layer_outputs_and_the_last_layer_is_refused(pair):
         torch.testing.assert_close(target_features(hs, [i]), outputs[i])
     with pytest.raises(ValueError, match="last layer"):
         make_config(target.config, num_layers=1, block_size=4, mask_token_id=127, lineage=lineage(), target_layer_ids=[1, 5])
+
+
+def test_the_selector_samples_from_the_probabilities_it_returns(pair):
+    """select() at a temperature: each position drawn from ``probs`` over its candidates (a fresh selector's are the
+    softmax of the top-K logits at that temperature), reproducibly from the generator; greedy: the best score."""
+    target, drafter, ids, feats = pair
+    config = make_config(target.config, num_layers=2, block_size=4, mask_token_id=127, lineage=lineage(),
+                         target_layer_ids=drafter.target_layer_ids, architecture="dflash2", dflash2=DFLASH2)
+    torch.manual_seed(2)
+    d2 = DFlashDrafter(config).bind(target).eval()
+    block = d2.draft(feats[:, :12], ids[:, 12], d2.new_cache())
+    draws = [d2.select(block, ids[:, 12], 0.7, torch.Generator().manual_seed(s)) for s in (0, 0, 1)]
+    path, candidates, probs = draws[0]
+    assert torch.equal(path, draws[1][0])
+    top = block.logits.topk(DFLASH2["selector_top_k"], dim=-1)
+    assert torch.equal(candidates, top.indices)
+    torch.testing.assert_close(probs, torch.softmax(top.values / 0.7, dim=-1))
+    assert bool((candidates == path[..., None]).any(-1).all())
+    greedy_path, _, _ = d2.select(block, ids[:, 12])
+    assert torch.equal(greedy_path, block.logits.argmax(-1))
+    with pytest.raises(ValueError, match="DFlash 2"):
+        drafter.select(drafter.draft(feats[:, :12], ids[:, 12], drafter.new_cache()), ids[:, 12])

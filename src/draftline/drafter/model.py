@@ -1,22 +1,15 @@
-"""The DFlash drafter: a few Qwen3 decoder layers that denoise a block of mask tokens in one pass.
+"""draftline's side of the drafter: the config it is built from, the target it borrows, decoding, and checkpoints.
 
-What makes it DFlash (z-lab, "Block Diffusion for Flash Speculative Decoding"):
+What makes it DFlash (z-lab, "Block Diffusion for Flash Speculative Decoding") and DFlash 2 is written once, in
+:mod:`draftline.drafter.modeling_dflash`, the self-contained file every checkpoint carries (with ``auto_map``); the
+:class:`DFlashDrafter` here *is* those modules (the same forward), and adds what training and decoding here need:
 
-* the hidden states of a few target layers (``target_layer_ids``, spread from layer 1 to L-3) are concatenated,
-  projected to the hidden size by ``fc`` and normalised by ``hidden_norm``: the *context features*;
-* every drafter layer uses them as extra keys and values in front of the block ("KV injection"); the block's own
-  queries, keys and values come from the block, and attention inside the block is NOT causal;
-* a block is the last accepted token followed by ``block_size - 1`` mask tokens; one pass proposes them all;
 * the embedding and the lm_head are the target's own, frozen: they are borrowed (:class:`SharedTarget`), never
-  saved, so a checkpoint holds only ``layers.*``, ``fc``, ``hidden_norm`` and ``norm``: z-lab's layout, which
-  SGLang and vLLM load as ``DFlashDraftModel``.
-
-The arithmetic follows z-lab's reference drafter exactly (k_norm on the context keys, no input norm on the
-context, RoPE at absolute positions for context and block), so that weights trained here mean the same thing
-in those servers. The layers live in :mod:`draftline.drafter.modeling_dflash`, a self-contained file that every
-checkpoint carries (with ``auto_map``), so transformers users load the same drafter without draftline; this module
-adds what training and decoding here need (the borrowed target head, the block-mask forward, the context cache).
-A checkpoint's weights are in the target's dtype; its config.json has what transformers 4.5x and 5.x both read.
+  saved, so a checkpoint holds only the drafter's weights under z-lab's names, which SGLang, vLLM and z-lab's
+  ``dflash`` load as ``DFlashDraftModel`` / ``DFlash2DraftModel`` (``architectures`` chooses);
+* :meth:`DFlashDrafter.draft` drafts one block after the accepted prefix with a :class:`DraftCache` of the context's
+  keys and values, and :meth:`DFlashDrafter.select` walks a DFlash 2 drafter's candidate selector;
+* a checkpoint's weights are in the target's dtype; its config.json has what transformers 4.5x and 5.x both read.
 """
 
 from __future__ import annotations
@@ -30,18 +23,21 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import Qwen3Config
+from transformers import DynamicCache, Qwen3Config
 
 from draftline.core.errors import Refusal
 from draftline.core.files import atomic_path
-from draftline.drafter.modeling_dflash import DFlashModules
+from draftline.drafter.modeling_dflash import DFLASH, DFLASH2, FULL, SLIDING, DFlashModules, dflash_value, is_dflash2
 
-ARCHITECTURE = "DFlashDraftModel"
+ARCHITECTURE = DFLASH
+ARCHITECTURES = {"dflash": DFLASH, "dflash2": DFLASH2}
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 # The self-contained modeling file copied into every checkpoint, and how transformers finds its class there.
 MODELING_FILE = "modeling_dflash.py"
 AUTO_MAP = {"AutoModel": f"{MODELING_FILE.removesuffix('.py')}.{ARCHITECTURE}"}
+# DFlash 2's fields of dflash_config (z-lab's layout, e.g. SpecForge's configs/qwen3.6-27b-dflash2.json).
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 # Fields of the target's (text) config the drafter must share: the embedding and lm_head are the target's,
 # so the hidden size and vocabulary must match; the rest keeps the drafter a Qwen3 that servers can build.
@@ -93,9 +89,17 @@ def make_config(
     mask_token_id: int,
     target_layer_ids: list[int],
     lineage: dict[str, Any],
+    architecture: str = "dflash",
+    dflash2: dict[str, int] | None = None,
+    sliding_window: int | None = None,
+    max_window_layers: int | None = None,
 ) -> Qwen3Config:
     """The drafter's config: the target's shapes, ``num_layers`` layers, the DFlash fields in z-lab's layout, and
-    ``lineage`` (what its training data was made with, under ``draftline``: see :func:`lineage_of`)."""
+    ``lineage`` (what its training data was made with, under ``draftline``: see :func:`lineage_of`).
+
+    ``architecture`` ``dflash2`` adds ``dflash2``'s fields (:data:`DFLASH2_FIELDS`) and ``block_size`` to
+    ``dflash_config``. ``sliding_window`` (tokens) makes layers ``max_window_layers`` and up sliding-window layers,
+    written as Qwen3 configs need it (``use_sliding_window``, ``max_window_layers``, and ``layer_types`` spelt out)."""
     text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     n_target = int(text.num_hidden_layers)
     bad = [i for i in target_layer_ids if not 0 <= i < n_target]
@@ -109,13 +113,28 @@ def make_config(
         )
     shared = {k: getattr(text, k) for k in _SHARED_FIELDS if getattr(text, k, None) is not None}
     shared.setdefault("head_dim", text.hidden_size // text.num_attention_heads)
+    dflash_config: dict[str, Any] = {"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)}
+    if architecture == "dflash2":
+        missing = [k for k in DFLASH2_FIELDS if k not in (dflash2 or {})]
+        if missing:
+            raise DrafterMismatch(f"a DFlash 2 drafter needs {missing}")
+        dflash_config = {"block_size": int(block_size), **{k: int(dflash2[k]) for k in DFLASH2_FIELDS},
+                         **dflash_config}
+    elif architecture != "dflash":
+        raise DrafterMismatch(f"unknown drafter architecture {architecture!r}: dflash or dflash2")
+    window: dict[str, Any] = {}
+    if sliding_window is not None:
+        first = num_layers if max_window_layers is None else int(max_window_layers)
+        window = {"use_sliding_window": True, "sliding_window": int(sliding_window), "max_window_layers": first,
+                  "layer_types": [SLIDING if i >= first else FULL for i in range(num_layers)]}
     return Qwen3Config(
         **shared,
+        **window,
         num_hidden_layers=num_layers,
-        architectures=[ARCHITECTURE],
+        architectures=[ARCHITECTURES[architecture]],
         block_size=block_size,
         num_target_layers=n_target,
-        dflash_config={"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)},
+        dflash_config=dflash_config,
         tie_word_embeddings=False,
         use_cache=False,
         draftline=dict(lineage),
@@ -142,7 +161,7 @@ def checkpoint_config(config: Qwen3Config, dtype: torch.dtype) -> dict[str, Any]
     out["rope_theta"] = rope.get("rope_theta", getattr(config, "rope_theta", None))
     scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
     out["rope_scaling"] = scaling if scaling.get("rope_type", "default") != "default" else None
-    out["auto_map"] = dict(AUTO_MAP)
+    out["auto_map"] = {"AutoModel": f"{MODELING_FILE.removesuffix('.py')}.{out['architectures'][0]}"}
     return out
 
 
@@ -175,35 +194,40 @@ def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int
 class DraftCache:
     """The context keys and values of every drafter layer, for one sequence being decoded.
 
-    Only the context (the target's features of accepted tokens) is cached; the block's own keys and values
-    are recomputed each pass and never stored, so nothing has to be cropped after a rejection.
+    A transformers ``DynamicCache`` used as z-lab's loop uses it: a drafter call appends its context and block keys,
+    and :meth:`DFlashDrafter.draft` crops the block's back off, so between calls it holds the context alone and
+    nothing has to be cropped after a rejection.
     """
 
-    def __init__(self, num_layers: int):
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+    def __init__(self):
+        self.kv = DynamicCache()
 
     @property
     def length(self) -> int:
-        k = self.keys[0]
-        return 0 if k is None else k.shape[2]
+        return self.kv.get_seq_length()
 
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=2)
-            v = torch.cat([self.values[layer], v], dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+    def crop_to(self, length: int) -> None:
+        remove = self.length - length
+        if remove > 0:
+            self.kv.crop(-remove)  # a negative argument removes positions under transformers 4.x and 5.x alike
+
+
+@dataclass
+class DraftBlock:
+    """One drafted block: the drafter's final hidden states and logits of its ``block_size - 1`` mask positions."""
+
+    hidden: torch.Tensor  # [b, block_size - 1, hidden]
+    logits: torch.Tensor  # [b, block_size - 1, vocab]
 
 
 class DFlashDrafter(DFlashModules):
-    """The drafter. Trainable parameters only; the target's embedding and lm_head are bound with :meth:`bind`.
+    """The drafter (DFlash 1 or 2, as its config's ``architectures`` says). Trainable parameters only; the target's
+    embedding and lm_head are bound with :meth:`bind`.
 
-    Two entry points:
-
-    * :meth:`forward` (training): many blocks at once over a whole sequence's context, with a block mask;
-    * :meth:`draft_logits` (decoding): one block after the accepted prefix, with a :class:`DraftCache` of the
-      context keys and values, so each step only projects the features of the newly accepted tokens.
+    * :meth:`forward` (training and decoding alike): :meth:`DFlashModules.forward`, z-lab's signature;
+    * :meth:`draft` / :meth:`draft_logits` (decoding): one block after the accepted prefix, with a :class:`DraftCache`
+      of the context keys and values, so each step only projects the features of the newly accepted tokens;
+    * :meth:`select` (DFlash 2): the candidate selector's walk through a drafted block.
     """
 
     def __init__(self, config: Qwen3Config):
@@ -211,14 +235,13 @@ class DFlashDrafter(DFlashModules):
         self.config = config
         self.build(config)
         self.shared: SharedTarget | None = None
-        self.apply(self._init_weights)
+        std = config.initializer_range
+        self.apply(lambda module: self.init_module(module, std))
 
-    def _init_weights(self, module: nn.Module) -> None:
-        # Qwen3's initialisation: small normal weights; RMSNorm weights stay at one.
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=self.config.initializer_range)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
+    @property
+    def architecture(self) -> str:
+        """``dflash`` or ``dflash2`` (``train.architecture``'s words)."""
+        return "dflash2" if is_dflash2(self.config) else "dflash"
 
     def bind(self, target: nn.Module) -> "DFlashDrafter":
         """Borrow the target's frozen embedding and lm_head (required before :meth:`embed` / :meth:`logits`)."""
@@ -240,41 +263,14 @@ class DFlashDrafter(DFlashModules):
         return self._require_shared().embed(ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._require_shared().lm_head(hidden)
-
-    def forward(
-        self,
-        block_embeds: torch.Tensor,
-        features: torch.Tensor,
-        ctx_positions: torch.Tensor,
-        block_positions: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        cache: DraftCache | None = None,
-    ) -> torch.Tensor:
-        """Final hidden states ``[b, q, hidden]`` of the block tokens (apply :meth:`logits` for logits).
-
-        ``block_embeds`` [b, q, hidden]: embeddings of the block tokens (anchor + masks), possibly many blocks;
-        ``features`` [b, s, n*hidden]: target features of the context (with a cache: only the new tokens);
-        ``ctx_positions`` [b, s] / ``block_positions`` [b, q]: absolute positions for RoPE;
-        ``mask`` [b, 1, q, context + q] boolean, True = may attend; None = everything visible.
-        """
-        ctx = self.project(features)
-        h = block_embeds.to(ctx.dtype)
-        ctx_cos, ctx_sin = self.rotary_emb(ctx, ctx_positions)
-        cos, sin = self.rotary_emb(h, block_positions)
-        for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.keys_values(ctx, ctx_cos, ctx_sin)
-            if cache is not None:
-                k, v = cache.extend(i, k, v)
-            h = layer(h, k, v, cos, sin, mask)
-        return self.norm(h)
+        return self.compute_logits(hidden, self._require_shared().lm_head)
 
     def new_cache(self) -> DraftCache:
-        return DraftCache(len(self.layers))
+        return DraftCache()
 
     @torch.no_grad()
-    def draft_logits(self, new_features: torch.Tensor, last_token: torch.Tensor, cache: DraftCache) -> torch.Tensor:
-        """Logits ``[b, block_size - 1, vocab]`` for the mask positions of the next block.
+    def draft(self, new_features: torch.Tensor, last_token: torch.Tensor, cache: DraftCache) -> DraftBlock:
+        """The next block's mask positions: hidden states and logits ``[b, block_size - 1, ...]``.
 
         ``new_features`` [b, n, n_layers*hidden]: target features (:func:`target_features`) of the tokens
         accepted since the last call (the whole prompt on the first call), which are appended to ``cache``;
@@ -284,12 +280,33 @@ class DFlashDrafter(DFlashModules):
         b, n = new_features.shape[:2]
         start = cache.length + n
         device = new_features.device
-        ctx_positions = torch.arange(start - n, start, device=device).expand(b, n)
-        block_positions = torch.arange(start, start + self.block_size, device=device).expand(b, self.block_size)
+        positions = torch.arange(start - n, start + self.block_size, device=device).expand(b, n + self.block_size)
         ids = torch.full((b, self.block_size), self.mask_token_id, dtype=torch.long, device=device)
         ids[:, 0] = last_token
-        hidden = self(self.embed(ids), new_features, ctx_positions, block_positions, None, cache)
-        return self.logits(hidden[:, 1:])
+        hidden = self(position_ids=positions, noise_embedding=self.embed(ids), target_hidden=new_features,
+                      past_key_values=cache.kv, use_cache=True)[:, 1:]
+        cache.crop_to(start)
+        return DraftBlock(hidden, self.logits(hidden))
+
+    def draft_logits(self, new_features: torch.Tensor, last_token: torch.Tensor, cache: DraftCache) -> torch.Tensor:
+        """Logits ``[b, block_size - 1, vocab]`` for the mask positions of the next block (see :meth:`draft`)."""
+        return self.draft(new_features, last_token, cache).logits
+
+    @torch.no_grad()
+    def select(self, block: DraftBlock, verified_token: torch.Tensor, temperature: float = 0.0,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """DFlash 2's drafts of ``block`` (:meth:`draft`), walked by the candidate selector from ``verified_token`` [b]
+        (the block's first token, the one ``draft`` was given).
+
+        Returns ``(path [b, B-1], candidates [b, B-1, K], probs [b, B-1, K])``: ``candidates`` are each position's
+        top-K token ids by the drafter's logits (best first); ``path`` the tokens to verify. Greedy (``temperature``
+        0): each position's best selector score, and ``probs`` the softmax of the scores (diagnostics). Sampled:
+        each position is drawn from ``probs`` = softmax(scores / temperature), given the token drawn before it, so
+        ``probs[:, k]`` is the proposal q of position k in the rejection step (zero outside ``candidates``).
+        A DFlash 1 drafter has no selector: refused."""
+        if self.candidate_selector is None:
+            raise DrafterMismatch("select() needs a DFlash 2 drafter (a candidate selector); this one is DFlash 1")
+        return self.candidate_selector.select(block.hidden, block.logits, verified_token, temperature, generator)
 
     # -- the z-lab checkpoint layout ------------------------------------------------------------------
 
@@ -307,17 +324,82 @@ class DFlashDrafter(DFlashModules):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: nn.Module | None = None) -> "DFlashDrafter":
-        """Load a drafter saved in z-lab's layout; bind it to ``target`` when given."""
-        path = Path(path)
-        raw = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
-        if ARCHITECTURE not in raw.get("architectures", []):
-            raise DrafterMismatch(f"{path / CONFIG_FILE} is not a {ARCHITECTURE} config: {raw.get('architectures')}")
-        for key in ("dtype", "torch_dtype", "auto_map"):
-            raw.pop(key, None)
-        model = cls(Qwen3Config(**raw))
-        state = load_file(str(path / WEIGHTS_FILE))
-        model.load_state_dict({k: v.to(model.fc.weight.dtype) for k, v in state.items()}, strict=True)
+        """Load a drafter saved in z-lab's layout (DFlash 1 or 2); bind it to ``target`` when given."""
+        model = cls(read_config(path))
+        model.load_state_dict(
+            {k: v.to(model.fc.weight.dtype) for k, v in read_weights(path).items()}, strict=True)
         if target is not None:
             model.bind(target)
             model.to(target.get_input_embeddings().weight.device)
         return model.eval()
+
+
+def read_config(path: str | Path) -> Qwen3Config:
+    """A drafter checkpoint's config (draftline's or z-lab's layout: ``architectures`` names DFlash 1 or 2)."""
+    path = Path(path)
+    raw = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+    if not set(ARCHITECTURES.values()) & set(raw.get("architectures") or []):
+        raise DrafterMismatch(f"{path / CONFIG_FILE} is not a {' or '.join(ARCHITECTURES.values())} config: "
+                              f"{raw.get('architectures')}")
+    for key in ("dtype", "torch_dtype", "auto_map", "transformers_version"):
+        raw.pop(key, None)
+    return Qwen3Config(**raw)
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors, one ``model.safetensors`` or the shards its index names; a ``model.`` prefix (some
+    trainers write it) dropped."""
+    path = Path(path)
+    index = path / f"{WEIGHTS_FILE}.index.json"
+    files = ([path / f for f in sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))]
+             if index.exists() else [path / WEIGHTS_FILE])
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update({k.removeprefix("model."): v for k, v in load_file(str(f)).items()})
+    return state
+
+
+# Parts a DFlash 2 drafter has and a DFlash 1 drafter lacks: a warm start leaves them at their identity / zero start.
+DFLASH2_ONLY = (".attention_conv.", ".mlp_conv.", "candidate_selector.")
+
+
+def warm_start(drafter: DFlashDrafter, path: str | Path) -> dict[str, Any]:
+    """Load the weights of the drafter checkpoint in ``path`` (draftline's or z-lab's layout) into ``drafter``.
+
+    The checkpoint must fit the drafter (and so the target it was built for): hidden size, vocabulary, mask token,
+    target layers and number of layers, and every shared tensor's shape; a misfit raises :class:`DrafterMismatch`
+    naming the field. DFlash 1 -> DFlash 2 is a warm start: the convolutions and the selector keep their identity /
+    zero start, so the drafter drafts what the checkpoint drafts. DFlash 2 -> DFlash 1 is refused (it would drop the
+    selector). Returns what was loaded (for the report)."""
+    path = Path(path)
+    source = read_config(path)
+    mine = drafter.config
+    checks = {
+        "hidden_size": (source.hidden_size, mine.hidden_size),
+        "vocab_size": (source.vocab_size, mine.vocab_size),
+        "mask_token_id": (int(dflash_value(source, "mask_token_id")), drafter.mask_token_id),
+        "target_layer_ids": ([int(i) for i in dflash_value(source, "target_layer_ids")],
+                             list(drafter.target_layer_ids)),
+        "num_hidden_layers": (source.num_hidden_layers, mine.num_hidden_layers),
+    }
+    for name, (theirs, ours) in checks.items():
+        if theirs != ours:
+            raise DrafterMismatch(f"the drafter in {path} has {name} {theirs}, this run needs {ours}")
+    if is_dflash2(source) and not is_dflash2(mine):
+        raise DrafterMismatch(f"the drafter in {path} is DFlash 2: start a dflash2 drafter from it, not a DFlash 1")
+    state = read_weights(path)
+    own = drafter.state_dict()
+    unexpected = sorted(set(state) - set(own))
+    missing = sorted(k for k in set(own) - set(state) if not (is_dflash2(mine) and not is_dflash2(source)
+                                                               and any(p in k for p in DFLASH2_ONLY)))
+    if unexpected or missing:
+        raise DrafterMismatch(f"the drafter in {path} does not fit this one: tensors it lacks {missing[:5]}, tensors "
+                              f"it has that this one does not {unexpected[:5]}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise DrafterMismatch(f"the drafter in {path} has {name} of shape {tuple(tensor.shape)}, this run needs "
+                                  f"{tuple(own[name].shape)} (intermediate_size, heads or DFlash 2 sizes differ)")
+    dtype = drafter.fc.weight.dtype
+    drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    return {"from": str(path), "architecture": "dflash2" if is_dflash2(source) else "dflash",
+            "tensors_loaded": len(state), "tensors_at_their_start": len(set(own) - set(state))}

@@ -13,22 +13,34 @@ import math
 import torch
 
 
-def block_mask(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+def block_mask(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int, *,
+               causal: bool = False, window: int | None = None) -> torch.Tensor:
     """Boolean ``[b, 1, n*B, s + n*B]``, True where a block query may attend.
 
     Blocks without an anchor (``keep=False``) see only themselves: a query row with nothing visible would make
-    attention NaN, and their loss weight is zero anyway.
+    attention NaN, and their loss weight is zero anyway. A sliding-window layer (``causal``, ``window``) sees only
+    earlier block positions and keys less than ``window`` positions back, at their absolute positions, as its
+    decoding mask (:func:`draftline.drafter.modeling_dflash.visibility`) does; the anchor always sees itself.
     """
     b, n = anchors.shape
     q = n * block_size
     device = anchors.device
     q_block = torch.arange(q, device=device) // block_size  # [q]
+    q_within = torch.arange(q, device=device) % block_size  # [q]
     kv = torch.arange(context_len + q, device=device)  # [kv]
     anchor_of_q = anchors.repeat_interleave(block_size, dim=1)  # [b, q]
     keep_of_q = keep.repeat_interleave(block_size, dim=1)
     sees_context = (kv[None, None, :] < context_len) & (kv[None, None, :] < anchor_of_q[:, :, None]) & keep_of_q[:, :, None]
     kv_block = torch.where(kv >= context_len, (kv - context_len) // block_size, -1)
+    kv_within = (kv - context_len) % block_size
     sees_block = kv_block[None, None, :] == q_block[None, :, None]
+    if causal:
+        sees_block = sees_block & (kv_within[None, None, :] <= q_within[None, :, None])
+    if window is not None:
+        query_pos = (anchor_of_q + q_within[None, :])[:, :, None]  # [b, q, 1]
+        sees_context = sees_context & (query_pos - kv[None, None, :] < window)
+        back = q_within[None, :, None] - kv_within[None, None, :]
+        sees_block = sees_block & (back < window) & (causal | (-back < window))
     return (sees_context | sees_block)[:, None]
 
 

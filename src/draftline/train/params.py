@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from draftline.core.params import Params, ParamsError
 
@@ -11,12 +12,40 @@ NOT_IN_KEY = ("save_every", "log_every", "memory_limit_gb", "max_skip_share", "f
 
 
 @dataclass(frozen=True)
+class DFlash2Params(Params):
+    """``params.yaml: train.dflash2``: DFlash 2's parts and the selector's loss (read when ``architecture:
+    dflash2``)."""
+
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
+    selector_loss_weight: float
+    selector_warmup_ratio: float
+    selector_labels: Literal["data"]
+    gold_outside_top_k: Literal["drop", "insert"]
+
+    def validate(self, where: str) -> None:
+        if min(self.conv_kernel_size, self.conv_group_size, self.selector_rank) < 1 or self.selector_top_k < 2:
+            raise ParamsError(f"params.yaml: {where}: conv_kernel_size, conv_group_size and selector_rank must be "
+                              f">= 1 and selector_top_k >= 2")
+        if self.selector_loss_weight < 0 or not 0 <= self.selector_warmup_ratio <= 1:
+            raise ParamsError(f"params.yaml: {where}: selector_loss_weight must be >= 0 and selector_warmup_ratio in "
+                              f"[0, 1]")
+
+
+@dataclass(frozen=True)
 class TrainParams(Params):
     """``params.yaml: train`` (every key is documented there and in docs/train.md)."""
 
+    architecture: Literal["dflash", "dflash2"]
+    dflash2: DFlash2Params
+    init_from: str | None
     drafter_layers: int
     target_layers: int | list[int]
     block_size: int
+    sliding_window: int | None
+    max_window_layers: int
     gamma: float
     anchors_per_seq: int
     max_length: int
@@ -48,6 +77,11 @@ class TrainParams(Params):
         if not layers or min(layers) < (0 if isinstance(self.target_layers, list) else 1):
             raise ParamsError(f"params.yaml: {where}.target_layers must be a count >= 1 or a non-empty list of layer "
                               f"ids >= 0, got {self.target_layers}")
+        if self.sliding_window is not None and (self.sliding_window < 1 or not 0 <= self.max_window_layers
+                                                < self.drafter_layers):
+            raise ParamsError(f"params.yaml: {where}: sliding_window must be null or >= 1, and max_window_layers (the "
+                              f"first sliding layer) in [0, drafter_layers), got {self.sliding_window} and "
+                              f"{self.max_window_layers}")
         if self.max_tokens_per_batch < self.max_length:
             raise ParamsError(f"params.yaml: {where}.max_tokens_per_batch ({self.max_tokens_per_batch}) must be >= "
                               f"max_length ({self.max_length}): a longest row must fit a batch")

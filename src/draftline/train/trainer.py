@@ -42,7 +42,14 @@ from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target
 from draftline.core.threads import torch_threads
-from draftline.drafter.model import DFlashDrafter, DrafterMismatch, build_target_layer_ids, make_config
+from draftline.drafter.model import (
+    CONFIG_FILE,
+    DFlashDrafter,
+    DrafterMismatch,
+    build_target_layer_ids,
+    make_config,
+    warm_start,
+)
 from draftline.train.data import Batch, BatchPlan, collate
 from draftline.train.features import FeatureCache, cache_bytes
 from draftline.train.memory import GB, Preflight, Shapes, preflight
@@ -90,15 +97,26 @@ class Run:
     optimizer: torch.optim.Optimizer | None = None
     autocast: bool = False
     features: FeatureCache | None = None
+    started_from: dict[str, Any] | None = None  # train.init_from's drafter, as warm_start loaded it
 
-    def loss(self, model, rows: np.ndarray, batch: Batch, generator):
+    def selector_weight(self, step: int) -> float:
+        """The selector loss's weight at ``step``: ``selector_loss_weight``, ramped linearly from 0 over the first
+        ``selector_warmup_ratio`` of the steps (0 for DFlash 1)."""
+        if self.cfg.architecture != "dflash2":
+            return 0.0
+        d2 = self.cfg.dflash2
+        ramp = math.ceil(d2.selector_warmup_ratio * self.steps_total)
+        return d2.selector_loss_weight * (1.0 if ramp == 0 else min(1.0, (step + 1) / ramp))
+
+    def loss(self, model, rows: np.ndarray, batch: Batch, generator, step: int = 0):
         with torch.autocast(self.d.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if self.features is not None:
                 features = self.features.batch(rows, batch.input_ids.shape[1])
             else:
                 features = self.online_features(batch)
             return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq,
-                               gamma=self.cfg.gamma, generator=generator)
+                               gamma=self.cfg.gamma, generator=generator, selector_weight=self.selector_weight(step),
+                               gold_outside_top_k=self.cfg.dflash2.gold_outside_top_k)
 
     @property
     def feature_bytes(self) -> int:
@@ -160,7 +178,8 @@ def train(cfg: TrainParams, args: TrainArgs, stage: StageRun) -> None:
             build(run)
             cache_features(run)
             check = check_memory(run)
-            key = state_key(asdict(cfg), NOT_IN_KEY, dataset_digest(args.merged), run.info.to_dict(),
+            inputs = dataset_digest(args.merged) + (f"+init:{drafter_digest(cfg.init_from)}" if cfg.init_from else "")
+            key = state_key(asdict(cfg), NOT_IN_KEY, inputs, run.info.to_dict(),
                             code_digest("draftline.core", "draftline.drafter", "draftline.train"))
             folder = scratch_dir("train", key)
             progress = resume(run, folder)
@@ -211,12 +230,26 @@ def build(run: Run) -> None:
                      else build_target_layer_ids(n_target, cfg.target_layers))
         config = make_config(run.target.config, num_layers=cfg.drafter_layers, block_size=cfg.block_size,
                              mask_token_id=run.meta.mask_token_id, target_layer_ids=layer_ids,
-                             lineage=lineage(run.meta))
+                             lineage=lineage(run.meta), architecture=cfg.architecture,
+                             dflash2=asdict(cfg.dflash2), sliding_window=cfg.sliding_window,
+                             max_window_layers=cfg.max_window_layers)
     except DrafterMismatch as e:
         raise ParamsError(f"params.yaml: train.target_layers ({cfg.target_layers}) does not fit this target: "
                           f"{e}") from None
+    if cfg.architecture == "dflash2" and config.hidden_size % cfg.dflash2.conv_group_size:
+        raise ParamsError(f"params.yaml: train.dflash2.conv_group_size ({cfg.dflash2.conv_group_size}) must divide the "
+                          f"target's hidden size ({config.hidden_size})")
     torch.manual_seed(cfg.seed)
-    run.drafter = DFlashDrafter(config).bind(run.target).to(d.device)
+    run.drafter = DFlashDrafter(config)
+    if cfg.init_from is not None:
+        if not (Path(cfg.init_from) / CONFIG_FILE).is_file():
+            raise ParamsError(f"params.yaml: train.init_from ({cfg.init_from}) is not a drafter checkpoint folder (no "
+                              f"{CONFIG_FILE}): point it at one under data/drafters/, or null to start from scratch")
+        try:
+            run.started_from = warm_start(run.drafter, cfg.init_from)
+        except DrafterMismatch as e:
+            raise ParamsError(f"params.yaml: train.init_from ({cfg.init_from}) does not fit this run: {e}") from None
+    run.drafter = run.drafter.bind(run.target).to(d.device)
     if not 0 <= run.meta.mask_token_id < run.drafter.shared.embed.weight.shape[0]:
         raise TrainInputError(f"the training set's mask_token_id {run.meta.mask_token_id} is not a row of the "
                               "target's embedding: re-run tokenize and merge for this target")
@@ -296,7 +329,7 @@ def check_memory(run: Run) -> Preflight:
 
 def resume(run: Run, folder: Path) -> Progress:
     """The newest state in ``folder`` loaded into the run, or a fresh start."""
-    progress = Progress(window=np.zeros((0, 2 * run.cfg.block_size + 2)))
+    progress = Progress(window=np.zeros((0, window_width(run.cfg.block_size))))
     state = load_latest(folder)
     if state is None:
         return progress
@@ -331,7 +364,7 @@ def fit(run: Run, progress: Progress, folder: Path) -> None:
         progress.seconds = time.perf_counter() - t0
         if (done % cfg.log_every == 0 or done == run.steps_total) and len(progress.window):
             progress.history.append(_history_row(done, run.plan.steps_per_epoch, lr, grad_norm, progress.window, B))
-            progress.window = np.zeros((0, 2 * B + 2))
+            progress.window = np.zeros((0, window_width(B)))
         if d.main and (done % cfg.save_every == 0 or done == run.steps_total):
             save(run, folder, done, progress)
     bar.close()
@@ -352,16 +385,17 @@ def train_step(run: Run, model: torch.nn.Module, step: int) -> tuple[torch.Tenso
         group["lr"] = lr
     rows = run.plan.batch_rows(step, run.d.rank)
     batch = run.batch(rows)
-    stats = run.loss(model, rows, batch, step_generator(run.cfg.seed, step, run.d.rank))
+    stats = run.loss(model, rows, batch, step_generator(run.cfg.seed, step, run.d.rank), step)
     run.optimizer.zero_grad(set_to_none=True)
     stats.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), run.cfg.grad_clip)
     row = torch.cat([torch.tensor([stats.loss.item(), float(batch.num_tokens), float(grad_norm)]),
-                     stats.correct.cpu(), stats.counted.cpu()])
+                     stats.correct.cpu(), stats.counted.cpu(), stats.selector.cpu()])
     if run.d.world > 1:
         dist.all_reduce(row)
         row[0] /= run.d.world
         row[2] /= run.d.world
+        row[3 + 2 * run.cfg.block_size] /= run.d.world  # the selector loss: a mean, like the loss
     if math.isfinite(float(row[0])) and math.isfinite(float(row[2])):
         run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
@@ -387,9 +421,21 @@ def skip_nonfinite(run: Run, progress: Progress, folder: Path, step: int, loss: 
     )
 
 
+def window_width(B: int) -> int:
+    """Columns of a step's row: loss, tokens, B correct, B counted, 4 selector figures (see ``train_step``)."""
+    return 2 * B + 6
+
+
 def _history_row(step: int, steps_per_epoch: int, lr: float, grad_norm: float, window: np.ndarray, B: int) -> dict:
-    """One line of the loss curve (the stage's ``--plot``): means over the steps since the previous line."""
-    correct, counted = window[:, 2 : 2 + B].sum(0), window[:, 2 + B :].sum(0)
+    """One line of the loss curve (the stage's ``--plot``): means over the steps since the previous line; DFlash 2
+    adds its selector's loss, top-K recall (the gold among the candidates) and accuracy (the selector picks it)."""
+    correct, counted = window[:, 2 : 2 + B].sum(0), window[:, 2 + B : 2 + 2 * B].sum(0)
+    selector = window[:, 2 + 2 * B :]
+    extra = {}
+    if selector[:, 3].sum() > 0:
+        extra = {"selector_loss": round(float(selector[:, 0].mean()), 6),
+                 "topk_recall": round(float(selector[:, 1].sum() / selector[:, 3].sum()), 6),
+                 "selector_accuracy": round(float(selector[:, 2].sum() / selector[:, 3].sum()), 6)}
     return {
         "step": step,
         "epoch": round(step / steps_per_epoch, 4),
@@ -397,7 +443,17 @@ def _history_row(step: int, steps_per_epoch: int, lr: float, grad_norm: float, w
         "accuracy_pos1": round(float(correct[1] / max(counted[1], 1)), 6),
         "lr": float(f"{lr:.6g}"),
         "grad_norm": round(grad_norm, 6),
+        **extra,
     }
+
+
+def drafter_digest(folder: str | Path) -> str:
+    """A digest of a starting drafter's files (train.init_from), so a changed drafter never resumes another's states."""
+    h = xxhash.xxh64()
+    for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def checkpoint_dtype(info: TargetInfo) -> torch.dtype:
@@ -435,10 +491,15 @@ def finish(run: Run, progress: Progress, check: Preflight, args: TrainArgs, stag
         drafter_params=sum(p.numel() for p in run.drafter.parameters()),
         target_layer_ids=list(run.drafter.target_layer_ids),
         block_size=cfg.block_size,
+        architecture=cfg.architecture,
+        init_from=run.started_from,
         preflight=check.as_dict(),
         target_features="cached" if run.features is not None else "online",
         feature_cache_gb=round(run.feature_bytes / GB, 4),
     )
+    if "selector_accuracy" in history[-1]:
+        stage.details.update({k: round(float(np.mean([h[k] for h in tail])), 6)
+                              for k in ("selector_loss", "topk_recall", "selector_accuracy")})
     stage.run.update(
         tokens_per_s=round(progress.tokens / max(progress.seconds, 1e-9), 1),
         train_seconds=round(progress.seconds, 2),

@@ -1,0 +1,208 @@
+"""DFlash 2 training on a tiny target: from scratch and warm-started from a DFlash 1 drafter (which drafts exactly what
+its source drafts at step 0), the selector loss and its figures, and starting drafters that do not fit, refused naming
+``train.init_from``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import drafter_support as S
+import pytest
+import torch
+
+from draftline.core.params import ParamsError
+from draftline.drafter.model import DFlashDrafter, make_config, target_features, warm_start
+from draftline.train.objective import dflash_loss
+from draftline.train.params import TrainParams
+
+
+@pytest.fixture
+def train(monkeypatch):
+    def run(cfg, root: Path, **paths):
+        monkeypatch.setenv("DRAFTLINE_CACHE", str(S.cache(root)))
+        return S.train(cfg, S.args(root, **paths))
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train2")
+    S.make_target(root)
+    S.make_merged(root, S.make_rows(96))
+    return root
+
+
+def _copy_inputs(src: Path, dst: Path) -> Path:
+    for sub in ("data/target", "data/merged"):
+        os.makedirs(dst / sub, exist_ok=True)
+        subprocess.run(["cp", "-r", f"{src / sub}/.", str(dst / sub)], check=True)
+    return dst
+
+
+def dflash2(**overrides) -> dict:
+    return {**S.small_params()["dflash2"], **overrides}
+
+
+def test_a_warm_started_dflash2_drafts_exactly_what_its_dflash1_source_drafts(tmp_path):
+    """Step 0 of a warm start: identity convolutions and a zero successor codebook leave the drafts as they were."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM(Qwen3Config(vocab_size=S.VOCAB, hidden_size=S.HIDDEN, num_hidden_layers=S.LAYERS,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                          intermediate_size=128, initializer_range=0.2)).eval()
+    common = dict(num_layers=2, block_size=6, mask_token_id=S.MASK_ID, lineage=S.lineage(), target_layer_ids=[1, 3])
+    source = DFlashDrafter(make_config(target.config, **common)).bind(target).eval()
+    with torch.no_grad():  # a trained-looking source: norms off one
+        for name, p in source.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    source.save_pretrained(tmp_path / "d1", dtype=torch.float32)
+    fresh = DFlashDrafter(make_config(target.config, **common, architecture="dflash2",
+                                      dflash2=dflash2(selector_top_k=5)))
+    info = warm_start(fresh, tmp_path / "d1")
+    fresh.bind(target).eval()
+    assert info["architecture"] == "dflash" and info["tensors_at_their_start"] > 0
+
+    ids = torch.randint(0, S.VOCAB - 2, (1, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        feats = target_features(target(ids, output_hidden_states=True).hidden_states, [1, 3])
+    c1, c2 = source.new_cache(), fresh.new_cache()
+    for start, end in ((0, 12), (12, 17), (17, 30)):
+        last = ids[:, end - 1]
+        a = source.draft(feats[:, start:end], last, c1)
+        b = fresh.draft(feats[:, start:end], last, c2)
+        assert torch.equal(a.logits, b.logits)
+        path, candidates, _ = fresh.select(b, last)
+        assert torch.equal(path, a.logits.argmax(-1))
+        assert torch.equal(candidates[..., 0], a.logits.argmax(-1))
+
+
+def test_the_selector_loss_trains_the_selector_alone(workdir):
+    """The selector's loss reaches the selector's weights and leaves the drafter's layers to the block loss."""
+    from transformers import Qwen3ForCausalLM
+
+    from draftline.core.dataset import load_training_set
+    from draftline.train.data import collate
+
+    target = Qwen3ForCausalLM.from_pretrained(workdir / "target-model").eval()
+    config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),
+                         target_layer_ids=[1, 3], architecture="dflash2", dflash2=dflash2())
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config).bind(target)
+    dataset, order, _ = load_training_set(workdir / "data" / "merged")
+    batch = collate(dataset, order[:4], 64, 0)
+    with torch.no_grad():
+        feats = target_features(target.model(batch.input_ids, attention_mask=batch.attention_mask,
+                                              output_hidden_states=True).hidden_states, [1, 3])
+
+    def grads(weight, gold_outside_top_k="drop"):
+        drafter.zero_grad()
+        stats = dflash_loss(drafter, feats, batch, anchors_per_seq=4, gamma=4.0,
+                            generator=torch.Generator().manual_seed(0), selector_weight=weight,
+                            gold_outside_top_k=gold_outside_top_k)
+        stats.loss.backward()
+        return stats, {n: p.grad.clone() if p.grad is not None else None for n, p in drafter.named_parameters()}
+
+    base, g0 = grads(0.0)
+    with_selector, g1 = grads(1.0)
+    loss, in_top, picks, labels = with_selector.selector.tolist()
+    assert labels > 0 and 0 < in_top <= labels and picks <= in_top and loss > 0
+    for name, g in g0.items():
+        if "candidate_selector" in name:
+            assert g is None or not g.any()
+            assert g1[name] is not None
+        else:
+            torch.testing.assert_close(g1[name], g, rtol=0, atol=0)
+    assert g1["candidate_selector.successor_codebook"].abs().sum() > 0  # the zero codebook gets to move
+    # Inserted, a gold token outside the top K is the K-th candidate: every label counts, the loss is larger
+    # (the inserted gold has a low logit), recall and accuracy are counted on the true top K as before.
+    inserted, _ = grads(1.0, "insert")
+    i_loss, i_in_top, i_picks, i_labels = inserted.selector.tolist()
+    assert (i_in_top, i_labels) == (in_top, labels) and i_loss > loss
+    assert float(inserted.loss) > float(with_selector.loss)
+
+
+def test_dflash2_trains_from_scratch_and_from_a_dflash1_drafter(tmp_path, workdir, train):
+    root = _copy_inputs(workdir, tmp_path / "a")
+    torch.set_num_threads(1)
+    first = train(S.train_params(epochs=3, log_every=5), root)
+    d1 = root / "data" / "drafters" / "round1"
+    d1.parent.mkdir(parents=True)
+    subprocess.run(["cp", "-r", str(root / "data" / "checkpoints"), str(d1)], check=True)
+
+    scratch = train(S.train_params(epochs=3, log_every=5, architecture="dflash2"), root)
+    report = scratch.details
+    assert report["architecture"] == "dflash2" and report["init_from"] is None
+    assert 0 < report["selector_accuracy"] <= report["topk_recall"] <= 1
+    header = (root / "plots" / "train_loss.csv").read_text().splitlines()[0]
+    assert header.endswith("selector_loss,topk_recall,selector_accuracy")
+    config = json.loads((root / "data" / "checkpoints" / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"]
+
+    # Warm-started (the selector's loss off, so the loss is the block loss alone), the first logged loss is near the
+    # trained DFlash 1 drafter's last, below a fresh drafter's first.
+    warm = train(S.train_params(epochs=3, log_every=1, architecture="dflash2", init_from=str(d1),
+                                dflash2=dflash2(selector_loss_weight=0.0)), root)
+    assert warm.details["init_from"]["architecture"] == "dflash"
+    assert warm.details["first_loss"] < min(0.9 * first.details["first_loss"], 1.1 * first.details["final_loss"])
+
+
+@pytest.mark.parametrize("field,change", [
+    ("mask_token_id", lambda c: c["dflash_config"].update(mask_token_id=3)),
+    ("target_layer_ids", lambda c: c["dflash_config"].update(target_layer_ids=[0, 2])),
+    ("hidden_size", lambda c: c.update(hidden_size=32, head_dim=8)),
+    ("vocab_size", lambda c: c.update(vocab_size=300)),
+])
+def test_a_starting_drafter_that_does_not_fit_is_refused_naming_the_field(tmp_path, workdir, train, field, change):
+    from transformers import Qwen3ForCausalLM
+
+    target = Qwen3ForCausalLM.from_pretrained(workdir / "target-model")
+    layer_ids = [1, 3, 4]  # what target_layers=3 picks on the 6-layer target (z-lab's rule)
+    config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),
+                         target_layer_ids=layer_ids)
+    folder = tmp_path / "drafters" / "bad"
+    DFlashDrafter(config).save_pretrained(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    change(raw)
+    (folder / "config.json").write_text(json.dumps(raw))
+    root = _copy_inputs(workdir, tmp_path / "p")
+    with pytest.raises(ParamsError, match=rf"train\.init_from .*{field}"):
+        train(S.train_params(max_steps=1, init_from=str(folder)), root)
+
+
+def test_params_name_a_bad_dflash2_section():
+    with pytest.raises(ParamsError, match="gold_outside_top_k"):
+        TrainParams.parse(S.small_params(dflash2=dflash2(gold_outside_top_k="keep")), "train")
+    with pytest.raises(ParamsError, match="max_window_layers"):
+        TrainParams.parse(S.small_params(sliding_window=8, max_window_layers=1), "train")
+
+
+def test_the_same_dflash2_params_give_the_same_checkpoint_bytes(tmp_path, workdir, train):
+    outs = []
+    for name in ("a", "b"):
+        root = _copy_inputs(workdir, tmp_path / name)
+        train(S.train_params(max_steps=6, architecture="dflash2", sliding_window=16, max_window_layers=0), root)
+        outs.append((root / "data" / "checkpoints" / "model.safetensors").read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_dflash2_under_two_process_gloo_ddp(tmp_path, workdir):
+    """The selector's loss is computed beside DDP's forward: every rank's selector still gets (and all-reduces) its
+    gradients, and the run finishes with the selector's figures."""
+    import sys
+
+    root = _copy_inputs(workdir, tmp_path)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{repo / 'src'}:{repo / 'tests'}", "OMP_NUM_THREADS": "1",
+           "DRAFTLINE_CACHE": str(S.cache(root))}
+    params = S.small_params(gpus=2, epochs=1, log_every=2, architecture="dflash2")
+    done = subprocess.run([sys.executable, str(repo / "tests" / "drafter_support.py"), str(root), json.dumps(params)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((root / "reports" / "train.json").read_text())
+    assert report["architecture"] == "dflash2" and 0 <= report["selector_accuracy"] <= 1
