@@ -85,7 +85,7 @@ def test_a_speculating_servers_acceptance_is_read_from_sglangs_meta_info(tmp_pat
     # A journal of its own: over the plain run's journal the drafter would send nothing (not in the journal key).
     monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "other-cache"))
     with FakeSGLang(spec_accept_length=3) as srv:
-        p = {**sglang_params(srv.url), "draft_model": "data/bases/round1-drafter"}
+        p = {**sglang_params(srv.url), "draft_model": "data/drafters/round1"}
         m = run_in(make_project(tmp_path / "drafted", prompts, p), p)
         assert len(srv.requests) == 6 and all(r["body"]["return_meta_info"] is True for r in srv.requests)
     assert shard_bytes(tmp_path / "drafted") == shard_bytes(tmp_path / "plain")

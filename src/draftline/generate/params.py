@@ -73,7 +73,7 @@ class GenerateParams(Params):
     api_key_env: str | None
     launch: LaunchParams | None
     local: LocalParams
-    # A drafter checkpoint folder (e.g. the previous round's, under data/bases/): the target verifies its blocks, so
+    # A drafter checkpoint folder (e.g. the previous round's, under data/drafters/): the target verifies its blocks, so
     # generation is faster and the result the same (greedy: the same bytes). Not part of the journal key.
     draft_model: str | None
 
