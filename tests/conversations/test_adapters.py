@@ -136,7 +136,7 @@ def test_generic_adapters_with_options() -> None:
     skips = Skips(get_logger("test"))
     rows = [
         (0, {"q": "What is 2+2?", "sys": "Be brief.", "a": "4"}),
-        (1, {"q": ["not", "a", "string"]}),
+        (1, {"q": {"not": "a string"}}),
         (2, {"q": "  "}),
     ]
     convs = list(adapt_rows("x", iter(rows), make_adapter("fields", {"prompt_field": "q", "system_field": "sys", "answer_field": "a"}, "drop"), skips))
@@ -144,6 +144,11 @@ def test_generic_adapters_with_options() -> None:
     assert skips.as_dict() == {"malformed": 1}
     with pytest.raises(RowError, match="empty"):
         cut_prompt(convs[1], "first")
+    # A list of strings is a multi-turn prompt (mt-bench): one user message per turn, each wrapped in the template.
+    turns = make_adapter("fields", {"prompt_field": "q", "prompt_template": "Q: {prompt}"}, "drop")({"q": ["a", "b"]})
+    assert turns.messages == [{"role": "user", "content": "Q: a"}, {"role": "user", "content": "Q: b"}]
+    with pytest.raises(RowError, match="int"):
+        make_adapter("fields", {"prompt_field": "q"}, "drop")({"q": ["a", 3]})
     with pytest.raises(ValueError, match="no option"):
         make_adapter("codefeedback", {"prompt_feild": "q"}, "drop")
     with pytest.raises(ValueError, match="unknown adapter"):

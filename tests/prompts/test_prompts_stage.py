@@ -76,7 +76,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval_per_source": 1, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}},
-         "target_mix": None, "max_domain_share": None}
+         "target_mix": None, "max_domain_share": None, "steer": None}
 
 
 @pytest.mark.parametrize("total", [17, 40])
@@ -257,3 +257,47 @@ def test_target_mix_in_tokens_meets_each_domain_within_a_row(env: Path) -> None:
     mix = details["mix"]
     assert mix["aimed_new_amounts"] == {d: 1500 for d in DOMAINS}
     assert all(1500 <= mix["new_amounts"][d] < 1500 + 2000 for d in DOMAINS)
+
+
+def test_a_bases_prompts_are_never_picked_again_and_the_eval_split_stays(env: Path, tmp_path: Path) -> None:
+    """merge.base's prompt ids leave the train pool after the eval split: the next round's new prompts are new,
+    its eval prompts the same."""
+    from drafter_support import make_merged, make_rows
+
+    first, o1 = _run(env, "round1", {**BLEND, "total": 17})
+    train1 = [r["id"] for r in _rows(o1 / "prompts/train.jsonl")]
+    rows = make_rows(len(train1))
+    rows["id"] = train1
+    base = make_merged(tmp_path, rows)  # a draftline dataset whose rows are round 1's prompts
+    second, o2 = _run(env, "round2", {**BLEND, "total": 17}, base=base)
+    train2 = [r["id"] for r in _rows(o2 / "prompts/train.jsonl")]
+    assert len(train2) == 17 and not set(train2) & set(train1)
+    assert _rows(o2 / "prompts/eval.jsonl") == _rows(o1 / "prompts/eval.jsonl")
+    assert second["in_base"] == 17 == sum(m["in_base"] for m in second["sources"].values())
+    assert first["in_base"] == 0
+
+
+def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path) -> None:
+    from draftline.prompts.steer import steer_factors
+
+    report = tmp_path / "eval.json"
+    per_source = {"glaive": {"acceptance": 4.0}, "agent_reason": {"acceptance": 2.0}, "hermes": {"acceptance": 3.2}}
+    report.write_text(json.dumps({"settings": {"sampled": {"per_source": per_source}}}))
+    weights = {"glaive": 2.0, "agent_reason": 1.0, "hermes": 1.0, "http": 1.0}
+    f = steer_factors(weights, report, "sampled", 1.0)
+    assert {s: x["factor"] for s, x in f.items()} == {"glaive": 1.0, "agent_reason": 2.0, "hermes": 1.25, "http": 1.0}
+    assert steer_factors(weights, report, "sampled", 2.0)["agent_reason"]["factor"] == 4.0
+    assert {x["factor"] for x in steer_factors(weights, report, "sampled", 0.0).values()} == {1.0}
+    with pytest.raises(Exception, match="greedy"):
+        steer_factors(weights, report, "greedy", 1.0)
+    with pytest.raises(Exception, match="does not exist"):
+        steer_factors(weights, tmp_path / "none.json", "sampled", 1.0)
+    # In the stage: the report shows requested, steered and achieved shares; the lagging source gains rows.
+    plain, _ = _run(env, "unsteered", {**BLEND, "total": 17})
+    steer = {"eval": str(report), "setting": "sampled", "strength": 3.0}
+    steered, _ = _run(env, "steered", {**BLEND, "total": 17, "steer": steer})
+    table = steered["steer"]
+    assert table["agent_reason"]["factor"] == 8.0 and table["agent_reason"]["steered"] > table["agent_reason"]["requested"]
+    assert "codefeedback" not in table  # whole: taken in full, never steered
+    assert steered["sources"]["agent_reason"]["achieved_rows"] > plain["sources"]["agent_reason"]["achieved_rows"]
+    assert steered["train_rows"] == plain["train_rows"] == 17

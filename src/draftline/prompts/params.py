@@ -62,6 +62,19 @@ class BlendSource(Params):
 
 
 @dataclass(frozen=True)
+class SteerParams(Params):
+    """``blend.steer``: a previous round's evaluation report, the setting whose acceptance steers, and how hard."""
+
+    eval: str
+    setting: str
+    strength: float
+
+    def validate(self, where: str) -> None:
+        if self.strength < 0 or not math.isfinite(self.strength):
+            raise ParamsError(f"params.yaml: {where}.strength must be >= 0, not {self.strength}")
+
+
+@dataclass(frozen=True)
 class BlendParams(Params):
     """``params.yaml: blend``."""
 
@@ -74,6 +87,8 @@ class BlendParams(Params):
     target_mix: dict[str, float] | None
     # The most any domain may hold of the merged set (a share), or None: off.
     max_domain_share: float | None
+    # Source weights scaled by how far each source's acceptance lags the best one's (prompts/steer.py), or None.
+    steer: SteerParams | None
 
     def validate(self, where: str) -> None:
         for key in ("total", "eval_per_source", "seed"):

@@ -28,6 +28,7 @@ class SourceReport:
     near_duplicates: int = 0
     available: int = 0
     eval_rows: int = 0
+    in_base: int = 0  # train-pool prompts left out because merge.base already holds them
     requested: int = 0
     train_rows: int = 0
     train_tokens: int = 0
@@ -51,6 +52,7 @@ def build_metrics(reports: dict[str, SourceReport], unit: str, total: int) -> di
             "near_duplicates": r.near_duplicates,
             "available": r.available,
             "eval_rows": r.eval_rows,
+            "in_base": r.in_base,
             f"requested_{unit}": r.requested,
             "achieved_rows": r.train_rows,
             "achieved_tokens": r.train_tokens,
@@ -65,6 +67,7 @@ def build_metrics(reports: dict[str, SourceReport], unit: str, total: int) -> di
         "train_rows": rows,
         "train_tokens": tokens,
         "eval_rows": sum(r.eval_rows for r in reports.values()),
+        "in_base": sum(r.in_base for r in reports.values()),
         "sources": sources,
     }
 

@@ -54,6 +54,7 @@ from draftline.prompts.report import (
     plot_rows,
     share_rows,
 )
+from draftline.prompts.steer import base_prompt_ids, steer_factors
 
 log = get_logger("draftline.prompts")
 
@@ -203,11 +204,16 @@ def _aimed_selection(pools: list[Pool], blend: BlendParams, labels: Labels, base
 
 def blend_rows(
     kept: list[PromptRecord], reports: dict[str, SourceReport], blend: BlendParams, order: Sequence[str], cost: Costs,
-    labels: Labels | None = None, base: dict[str, int] | None = None,
+    labels: Labels | None = None, base: dict[str, int] | None = None, in_base: frozenset[str] = frozenset(),
+    factors: dict[str, float] | None = None,
 ) -> Blend:
     """The eval split and the blend's train rows, each in source order then row order; with ``blend.target_mix``
-    aimed at it (``base``: the base's amount per domain, in ``blend.unit``)."""
+    aimed at it (``base``: the base's amount per domain, in ``blend.unit``). Prompts ``in_base`` are left out of
+    the train pool (after the eval split, which therefore never depends on the base); ``factors`` scale the
+    weighted sources' weights (``blend.steer``)."""
     plan = source_plan(order, blend.sources)
+    for name, factor in (factors or {}).items():
+        plan[name]["weight"] *= factor
     by_source: dict[str, list[PromptRecord]] = {name: [] for name in order}
     for r in kept:
         by_source[r.source].append(r)
@@ -215,6 +221,9 @@ def blend_rows(
     for name in order:
         ranked = sorted(by_source[name], key=lambda r: (hash_rank(blend.seed, r.id), r.id))
         eval_ids, train_ids = split_eval([r.id for r in ranked], blend.eval_per_source)
+        if in_base:
+            fresh = [i for i in train_ids if i not in in_base]
+            reports[name].in_base, train_ids = len(train_ids) - len(fresh), fresh
         costs = cost(train_ids) if blend.unit == "tokens" else [1] * len(train_ids)
         pools.append(Pool(name, train_ids, costs, eval_ids=eval_ids, **plan[name]))
         reports[name].available, reports[name].eval_rows = len(ranked), len(eval_ids)
@@ -281,6 +290,37 @@ def base_mix(base: str | None, tokenizer: Any, stage: StageRun, needed: bool) ->
     return fm.total
 
 
+def steering(blend: BlendParams, order: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``blend.steer``'s acceptance and weight factor per weighted source (:mod:`draftline.prompts.steer`); {} off."""
+    if blend.steer is None:
+        return {}
+    plan = source_plan(order, blend.sources)
+    weights = {name: x["weight"] for name, x in plan.items() if not x["whole"] and x["weight"] > 0}
+    factors = steer_factors(weights, blend.steer.eval, blend.steer.setting, blend.steer.strength)
+    return {name: {"weight": weights[name], **factors[name]} for name in weights}
+
+
+def steer_shares(steer: dict[str, dict[str, Any]], details: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per steered source: its acceptance and factor, and its share of the weighted sources' rows as requested
+    (the weights), steered (the weights x factors) and achieved (the rows chosen)."""
+    steered = {s: x["weight"] * x["factor"] for s, x in steer.items()}
+    rows = {s: details["sources"][s]["achieved_rows"] for s in steer}
+    w, sw, n = sum(x["weight"] for x in steer.values()), sum(steered.values()), sum(rows.values())
+    return {s: {"acceptance": x["acceptance"], "factor": x["factor"], "requested": round(x["weight"] / w, 4),
+                "steered": round(steered[s] / sw, 4), "achieved": round(rows[s] / n, 4) if n else 0.0}
+            for s, x in steer.items()}
+
+
+def format_steer(steer: dict[str, dict[str, Any]]) -> str:
+    lines = ["blend.steer: shares of the weighted sources' rows",
+             f"{'source':<20} {'acceptance':>10} {'factor':>7} {'requested':>9} {'steered':>8} {'achieved':>8}"]
+    for s, x in steer.items():
+        a = "-" if x["acceptance"] is None else f"{x['acceptance']:.2f}"
+        lines.append(f"{s:<20} {a:>10} {x['factor']:>7.2f} {x['requested']:>9.1%} {x['steered']:>8.1%} "
+                     f"{x['achieved']:>8.1%}")
+    return "\n".join(lines)
+
+
 def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     """The whole stage over ``p.sources`` (names, in params.yaml order). Raises before writing anything when the
     blend is infeasible, the target mix out of reach, or a domain over ``blend.max_domain_share``."""
@@ -292,7 +332,9 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     cost = Costs(kept, tokenizer, p.enable_thinking)
     base = base_mix(p.base, tokenizer, stage, p.blend.target_mix is not None or p.blend.max_domain_share is not None)
     labels = Labels(kept)
-    blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit))
+    steer = steering(p.blend, order)
+    blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit),
+                       base_prompt_ids(p.base), {s: x["factor"] for s, x in steer.items()})
     train_labels = [labels(r.id) for r in blend.train]
     for r, label in zip(blend.train, train_labels):
         reports[r.source].domains[label.domain] += 1
@@ -304,6 +346,9 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     _write_outputs(args.out, blend.train, blend.eval)
     details = build_metrics(reports, p.blend.unit, p.blend.total)
     details["mix"] = mix
+    if steer:
+        details["steer"] = steer_shares(steer, details)
+        print(format_steer(details["steer"]), flush=True)
     for r in reports.values():
         stage.skips.counts.update(r.skipped)
     stage.details.update(details)

@@ -1,0 +1,53 @@
+"""Steering the blend by a previous round's acceptance (``blend.steer``) and keeping the base's prompts out of it.
+
+The rule: a weighted source ``s`` with acceptance ``a_s`` (z-lab's figure on its held-out prompts, under the
+evaluation setting ``steer.setting`` of the previous round's ``reports/eval.json``) gets weight
+``w_s * (a_max / a_s) ** strength``, ``a_max`` the best source's acceptance. The source the drafter is best at keeps
+its weight; one it accepts half as often gets ``2 ** strength`` times its weight. ``strength`` 0 turns it off, 1
+is proportional to the lag. Whole sources are taken in full either way, and a source the evaluation did not measure
+keeps its weight (factor 1). Weights are relative, so steering moves shares, never ``blend.total``.
+
+Why the lag and not the absolute level: acceptance differs by kind of text at any drafter quality (tool calls are
+easier to draft than prose), so only a source that lags the others says where more data helps most.
+
+The base (``merge.base``): its rows' prompt ids are excluded from the train pool after the eval split, so that
+the eval prompts are those of every round (the split does not depend on the base) and no new prompt repeats one
+the base already holds (the merge would drop it: a wasted generation).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from draftline.core.dataset import mapped_shards, read_meta, shard_files, verify_shards
+from draftline.core.errors import MissingInput, Refusal
+
+
+def steer_factors(weights: Mapping[str, float], report: str | Path, setting: str, strength: float
+                  ) -> dict[str, dict[str, Any]]:
+    """Per weighted source: its acceptance (None where unmeasured) and its weight factor under the rule above."""
+    path = Path(report)
+    if not path.is_file():
+        raise MissingInput(f"blend.steer.eval: {path} does not exist; keep the previous round's reports/eval.json "
+                           "under data/drafters/ (README \"Rounds\")")
+    settings = json.loads(path.read_text()).get("settings", {})
+    if setting not in settings:
+        raise Refusal(f"blend.steer.setting {setting!r} is not in {path}; it has {sorted(settings)}")
+    per_source = settings[setting]["per_source"]
+    acceptance = {s: per_source.get(s, {}).get("acceptance") for s in weights}
+    measured = [a for a in acceptance.values() if a]
+    best = max(measured) if measured else None
+    return {s: {"acceptance": a, "factor": round((best / a) ** strength, 6) if a and best else 1.0}
+            for s, a in acceptance.items()}
+
+
+def base_prompt_ids(base: str | None) -> frozenset[str]:
+    """The prompt ids of ``merge.base``'s rows (a row's id is its prompt's); empty without a base, or for a base in
+    another trainer's layout (no ids: the merge still drops its prompts by content)."""
+    if base is None or not (Path(base) / "draftline.json").is_file():
+        return frozenset()
+    verify_shards(base, read_meta(base))  # a damaged base is refused here, as by every reader of a dataset
+    return frozenset(i for t in mapped_shards(base, shard_files(base)) for i in t.column("id").to_pylist())
