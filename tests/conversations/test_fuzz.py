@@ -37,6 +37,12 @@ GOOD = {
     "hermes_fc": {"conversations": [{"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."}]},
     "agent": {"conversations": [{"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."}]},
     "http_traces": {"body": {"messages": [{"role": "user", "content": "Hi?"}]}},
+    # The benchmark sets' presets (evaluate.sets), in their datasets' schemas.
+    "gsm8k": {"question": "What is 2+2?", "answer": "4\n#### 4"},
+    "math500": {"problem": "Solve $x + 1 = 2$.", "answer": "1"},
+    "humaneval": {"prompt": "def f(x):\n    \"\"\"Return x.\"\"\"\n", "task_id": "HumanEval/0"},
+    "mbpp": {"prompt": "Write a function that returns 1.", "task_id": 2},
+    "mt_bench": {"prompt": ["Hi?", "And then?"], "category": "writing"},
 }
 
 
