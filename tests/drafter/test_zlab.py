@@ -105,30 +105,12 @@ def test_z_labs_forward_and_selector_equal_ours(saved):
     assert differs  # the selector's path is not the logits' argmax: a DFlash 1 path would fail the test
 
 
-class SelectorProposer:
-    """The evaluate stage's DFlash proposer (draftline.drafter.decoding.DFlashProposer) drafting through the
-    selector: the drafter's block, then its selector path from the last accepted token."""
-
-    def __init__(self, drafter: DFlashDrafter):
-        self.drafter, self.block_size = drafter, drafter.block_size
-        self.target_layer_ids = tuple(drafter.target_layer_ids)
-        self.cache = drafter.new_cache()
-
-    def reset(self) -> None:
-        self.cache = self.drafter.new_cache()
-
-    def propose(self, ctx) -> torch.Tensor:
-        last = ctx.tokens[-1:]
-        block = self.drafter.draft(ctx.hidden[None, len(ctx.hidden) - ctx.new:], last, self.cache)
-        return self.drafter.select(block, last)[0][0]
-
-
 def test_dflash_generate_accepts_what_draftline_accepts(saved, monkeypatch):
     """Prompt for prompt: the same tokens and the same acceptance lengths from z-lab's loop and draftline's.
 
     At a reply's last step z-lab drafts a block shortened to the tokens still wanted, draftline a whole block cut
     at verification; the non-causal block then differs, so that one step's acceptance may too: compared up to it."""
-    from draftline.drafter.decoding import speculative_generate
+    from draftline.drafter.decoding import DFlashProposer, speculative_generate
 
     target, drafter, folder = saved
     model = zlab.DFlash2DraftModel.from_pretrained(folder, dtype=torch.float32).eval()
@@ -138,7 +120,7 @@ def test_dflash_generate_accepts_what_draftline_accepts(saved, monkeypatch):
     for _ in range(4):
         prompt = torch.randint(0, VOCAB - 2, (int(torch.randint(5, 12, (1,), generator=g)),), generator=g).tolist()
         theirs = zlab.dflash_generate(model, target, torch.tensor([prompt]), MAX_NEW, [VOCAB - 2], return_stats=True)
-        ours = speculative_generate(target, SelectorProposer(drafter), prompt, MAX_NEW, [VOCAB - 2])
+        ours = speculative_generate(target, DFlashProposer(drafter), prompt, MAX_NEW, [VOCAB - 2])
         assert theirs.output_ids[0, len(prompt):].tolist() == ours.tokens
         assert theirs.acceptance_lengths[:-1] == ours.produced[:-1]
         assert len(theirs.acceptance_lengths) == len(ours.produced)

@@ -290,3 +290,26 @@ def test_a_drafter_of_another_tokenizer_is_refused(tiny_target_dir, tmp_path):
     (tmp_path / "checkpoints" / "config.json").write_text(json.dumps(config))
     with pytest.raises(DrafterMismatch, match="no `draftline` lineage"):
         evaluate(eval_params(), args)
+
+
+def test_a_dflash2_drafter_is_decoded_through_its_selector_and_reports_its_figures(tiny_target_dir, tmp_path):
+    """Greedy: lossless through the selector's path, with the figures DFlash 2 trainers log; sampled: the selector's
+    K-way probabilities are the rejection step's q. A fresh selector (successor codebook zero) walks the unary path."""
+    from transformers import PretrainedConfig
+
+    info = load_target(tiny_target_dir / "target.json")
+    target_cfg = PretrainedConfig.from_json_file(str(tiny_target_dir / "model" / "config.json"))
+    cfg = make_config(Qwen3Config(**target_cfg.to_dict()), num_layers=1, block_size=8, mask_token_id=info.mask_token_id,
+                      target_layer_ids=build_target_layer_ids(4, 2), lineage=lineage(info), architecture="dflash2",
+                      dflash2={"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 4, "selector_top_k": 4})
+    torch.manual_seed(0)
+    DFlashDrafter(cfg).save_pretrained(tmp_path / "d2")
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text("".join(prompt(i, "chat", t).to_json() + "\n" for i, t in enumerate(["Say hi.", "Count."])))
+    stage = evaluate(eval_params(max_new_tokens=16), eval_args(tiny_target_dir, tmp_path / "d2", prompts, tmp_path))
+    greedy, sampled = stage.details["settings"]["greedy"], stage.details["settings"]["sampled"]
+    assert greedy["lossless"] == 1.0 and sampled["selector"] is None  # figures need the greedy gold tokens
+    sel = greedy["selector"]
+    assert sel["steps"] == greedy["steps"] and sel["tau_selector_path"] == sel["tau_unary_path"]
+    assert 1.0 <= sel["tau_selector_path"] <= sel["tau_top_k_oracle"] <= 8
+    assert 0.0 <= sel["selector_accuracy"] <= sel["top_k_recall"] <= 1.0

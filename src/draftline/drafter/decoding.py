@@ -145,10 +145,25 @@ class NoDraft:
         return ctx.tokens.new_empty(0)
 
 
+@dataclass
+class SelectorStep:
+    """What a DFlash 2 drafter proposed at one step, for the selector's figures: the drafts are for the positions
+    from ``position`` on (``position`` = tokens committed before the step)."""
+
+    position: int
+    path: list[int]  # the selector's walk: what was drafted
+    unary: list[int]  # each position's own argmax (what a DFlash 1 head would draft)
+    candidates: list[list[int]]  # each position's top-K
+
+
 class DFlashProposer:
-    """Drafts with a DFlash drafter: one drafter pass over [last accepted token, B-1 mask tokens] per step;
-    greedy: each position's argmax; sampled: a draw from each position's distribution under the same
-    :class:`Sampling` as the target (what z-lab's ``dflash_generate`` and the servers do).
+    """Drafts with a DFlash drafter: one drafter pass over [last accepted token, B-1 mask tokens] per step.
+
+    DFlash 1: greedy, each position's argmax; sampled, a draw from each position's distribution under the same
+    :class:`Sampling` as the target (what z-lab's ``dflash_generate`` and the servers do). DFlash 2: the candidate
+    selector walks each position's top-K from the verified token; greedy, its argmax path; sampled, a draw from its
+    K-way probabilities (temperature only, as z-lab's), which the rejection step then uses as ``q``. A DFlash 2
+    proposer keeps each step's path, unary argmax and candidates in ``steps`` (cleared per prompt).
 
     The drafter's cache holds the projected context of every committed position; each step appends only the
     features of the tokens accepted since the previous step (``ctx.new``).
@@ -159,9 +174,11 @@ class DFlashProposer:
         self.block_size = drafter.block_size
         self.target_layer_ids = tuple(drafter.target_layer_ids)
         self.cache = drafter.new_cache()
+        self.steps: list[SelectorStep] = []
 
     def reset(self) -> None:
         self.cache = self.drafter.new_cache()
+        self.steps = []
 
     def propose(self, ctx: DraftContext) -> Draft:
         if self.cache.length + ctx.new != len(ctx.tokens) - 1:
@@ -169,11 +186,20 @@ class DFlashProposer:
                 f"drafter cache out of step: it holds {self.cache.length} positions, {ctx.new} arrive, "
                 f"but {len(ctx.tokens) - 1} are committed"
             )
-        logits = self.drafter.draft_logits(ctx.hidden[None, len(ctx.hidden) - ctx.new :], ctx.tokens[-1:], self.cache)
+        block = self.drafter.draft(ctx.hidden[None, len(ctx.hidden) - ctx.new :], ctx.tokens[-1:], self.cache)
+        if self.drafter.candidate_selector is not None:
+            return self._select(block, ctx)
         if ctx.sampling.greedy:
-            return Draft(logits[0].argmax(dim=-1))
-        probs = ctx.sampling.probs(logits[0])
+            return Draft(block.logits[0].argmax(dim=-1))
+        probs = ctx.sampling.probs(block.logits[0])
         return Draft(draw(probs, ctx.generator), probs)
+
+    def _select(self, block, ctx: DraftContext) -> Draft:
+        temperature = 0.0 if ctx.sampling.greedy else ctx.sampling.temperature
+        path, candidates, probs = self.drafter.select(block, ctx.tokens[-1:], temperature, ctx.generator)
+        self.steps.append(SelectorStep(len(ctx.tokens), path[0].tolist(), block.logits[0].argmax(dim=-1).tolist(),
+                                       candidates[0].tolist()))
+        return Draft(path[0]) if ctx.sampling.greedy else Draft(path[0], probs[0], support=candidates[0])
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
-from draftline.drafter.decoding import Generation
+from draftline.drafter.decoding import Generation, SelectorStep
 from draftline.evaluate.params import HELDOUT
 
 ACCEPTANCE_COLUMNS = ["position", "steps", "accepted", "accept_rate", "conditional_rate"]
@@ -36,6 +36,7 @@ class TurnResult:
     prompt_tokens: int
     speculative: Generation
     baseline: Generation | None  # target-only decoding (greedy settings only: the losslessness check)
+    selector: dict[str, int] | None = None  # a DFlash 2 drafter's counts (greedy settings): :func:`selector_counts`
 
     @property
     def identical(self) -> bool | None:
@@ -56,6 +57,46 @@ def figures(results: list[TurnResult]) -> dict[str, Any]:
         "turns": len(results),
         "steps": steps,
     }
+
+
+def _prefix(drafts: list, gold: list[int], hit) -> int:
+    n = 0
+    for d, g in zip(drafts, gold):
+        if not hit(d, g):
+            break
+        n += 1
+    return n
+
+
+def selector_counts(steps: list[SelectorStep], sequence: list[int]) -> dict[str, int]:
+    """What DFlash 2 trainers log, counted over one greedy turn. ``sequence`` is the prompt and the generated ids:
+    greedy, the target's own tokens whatever was drafted, so each drafted position's gold token is known (up to the
+    end of the turn). Per step: the tokens the selector's path, the unary argmax path and the top-K oracle (gold in
+    the candidates) would each yield (accepted prefix + the target's token); per position: gold in the top-K
+    (recall), the path's token equal to gold (selector accuracy)."""
+    c: Counter[str] = Counter()
+    for st in steps:
+        gold = sequence[st.position : st.position + len(st.path)]
+        if not gold:
+            continue
+        c["steps"] += 1
+        c["positions"] += len(gold)
+        c["in_top_k"] += sum(g in cand for g, cand in zip(gold, st.candidates))
+        c["path_hits"] += sum(a == g for a, g in zip(st.path, gold))
+        c["selector"] += _prefix(st.path, gold, int.__eq__) + 1
+        c["unary"] += _prefix(st.unary, gold, int.__eq__) + 1
+        c["oracle"] += _prefix(st.candidates, gold, lambda cand, g: g in cand) + 1
+    return dict(c)
+
+
+def selector_figures(results: list[TurnResult]) -> dict[str, Any] | None:
+    """The selector's figures over the turns that have counts (None for a DFlash 1 drafter)."""
+    c = sum((Counter(r.selector) for r in results if r.selector), Counter())
+    if not c["steps"]:
+        return None
+    return {"top_k_recall": _r(c["in_top_k"] / c["positions"]), "selector_accuracy": _r(c["path_hits"] / c["positions"]),
+            "tau_selector_path": _r(c["selector"] / c["steps"]), "tau_unary_path": _r(c["unary"] / c["steps"]),
+            "tau_top_k_oracle": _r(c["oracle"] / c["steps"]), "steps": c["steps"]}
 
 
 def _grouped(results: list[TurnResult], key) -> dict[str, list[TurnResult]]:
@@ -87,6 +128,7 @@ def summarize_setting(results: list[TurnResult], block_size: int) -> dict[str, A
             "saved_fraction": _r(1 - with_drafter / without) if without else None,
         },
         "generated_tokens": sum(len(r.speculative.tokens) for r in results),
+        "selector": selector_figures(results),
         "stop_reasons": dict(sorted(Counter(r.speculative.stop_reason for r in results).items())),
     }
 

@@ -46,6 +46,7 @@ from draftline.evaluate.report import (
     figures,
     headline,
     histogram_rows,
+    selector_counts,
     step_record,
     summarize_setting,
 )
@@ -142,7 +143,10 @@ class Decoder:
                     at = next((i for i, (a, b) in enumerate(zip(base.tokens, spec.tokens)) if a != b), None)
                     log.error("%s turn %d: speculative output differs from target-only greedy at token %s",
                               req.id, turn, at)
-            results.append(TurnResult(setting, req.set, req.source, req.id, turn, len(ids), spec, base))
+            selector = None
+            if sampling.greedy and getattr(self.proposer, "steps", None):
+                selector = selector_counts(self.proposer.steps, ids + spec.tokens)
+            results.append(TurnResult(setting, req.set, req.source, req.id, turn, len(ids), spec, base, selector))
             messages.append({"role": "assistant",
                              "content": self.tokenizer.decode(spec.tokens, skip_special_tokens=True)})
         return results
