@@ -13,29 +13,36 @@ Prints, each with its target:
 
 from __future__ import annotations
 
-import argparse
+import sys
+from pathlib import Path
+
+# The stage drivers of the tests (each stage run as its runner runs it).
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+
+import argparse  # noqa: E402
 import os
 import random
 import tempfile
 import time
-from pathlib import Path
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import early_stages  # noqa: E402
+
 from draftline.conversations.adapters import adapt_rows, make_adapter
-from draftline.conversations.stage import ConversationsParams, run_conversations
+from draftline.conversations.params import ConversationsParams
 from draftline.core.logs import get_logger
 from draftline.core.params import load_section
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.skips import Skips
 from draftline.core.source_spec import SourceSpec
-from draftline.prompts.blend import BlendParams
 from draftline.prompts.canonical import cut_prompt, prompt_id, user_text
-from draftline.prompts.dedup import DedupParams, MinHasher, exact_duplicates
-from draftline.prompts.stage import PromptsParams, run_prompts
-from draftline.target.stage import TargetParams, write_target
+from draftline.prompts.dedup import MinHasher, exact_duplicates
+from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
+from draftline.target.params import TargetParams
+from draftline.target.stage import write_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,13 +123,9 @@ def main() -> None:
         spec = SourceSpec.parse({"path": "synthetic", "adapter": "infinity_instruct"}, "sources.bench")
         # Adapting (the conversations stage) and the prompt stage together: what one stage did before.
         t, cpu = time.perf_counter(), time.process_time()
-        run_conversations("bench", spec, ConversationsParams.load("conversations", REPO / "params.yaml"),
-                          tmp / "raw", tmp / "conversations", tmp / "m")
-        metrics = run_prompts(
-            ["bench"], PromptsParams.load("prompts", REPO / "params.yaml"), dedup, blend, False,
-            conversations_root=tmp / "conversations", target_dir=tmp / "target", out_dir=tmp / "prompts",
-            metrics_path=tmp / "metrics.json", plots_path=tmp / "mix.csv",
-        )
+        early_stages.conversations(tmp, "bench", spec, ConversationsParams.load("conversations", REPO / "params.yaml"))
+        settings = PromptsSettings(["bench"], PromptsParams.load("prompts", REPO / "params.yaml"), dedup, blend, False)
+        metrics = early_stages.prompts(tmp, settings).details
         stage_s, stage_cpu = time.perf_counter() - t, time.process_time() - cpu
     limit = 180 * n / 200_000
     print(f"whole stage:     {stage_s:>13.1f} s wall, {stage_cpu:.1f} s CPU ({metrics['train_rows']} train rows)   "
