@@ -59,8 +59,10 @@ stages:
 
 
 def sh(cwd: Path, *args: str) -> str:
+    # The stage command says `python`: make it this interpreter, also when the environment is not activated.
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     r = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
     return r.stdout + r.stderr
