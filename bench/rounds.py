@@ -34,9 +34,21 @@ import time
 from typing import Any
 
 from project_clone import digest, make_project, run
-from scale import disk
 
 ROUND2_TOTAL = 500  # the embedded samples hold 1,730 train prompts; round 1 takes 1,200
+
+
+def disk(root: Path) -> int:
+    """Workspace + DVC cache bytes, each distinct inode once; scratch (.draftline: resumable training states and
+    journals; .dvc/tmp) and git are not part of a data version and are left out."""
+    sizes = {}
+    for p in root.rglob("*"):
+        rel = p.relative_to(root).parts
+        if rel[0] in (".git", ".draftline") or rel[:2] == (".dvc", "tmp") or p.is_symlink() or not p.is_file():
+            continue
+        st = p.stat()
+        sizes[st.st_ino] = st.st_size
+    return sum(sizes.values())
 
 
 def figures(root: Path) -> dict[str, Any]:
@@ -82,13 +94,16 @@ def round2(root: Path, env: dict[str, str], warm: bool, steps: int) -> tuple[dic
     if warm:
         sets += ["-S", "train.init_from=data/drafters/round1", "-S", "generate.draft_model=data/drafters/round1",
                  "-S", "blend.steer={eval: data/drafters/round1.eval.json, setting: sampled, strength: 1.0}"]
-    before = sum(disk(root))
+    before = disk(root)
     t0 = time.perf_counter()
     run(["dvc", "exp", "run", *sets], root, env, timeout=7200)
     wall = time.perf_counter() - t0
     out = figures(root)
-    new_shards = sum(p.stat().st_size for p in (root / "data/tokenized").glob("*.arrow"))
-    out["growth_per_new_byte"] = round((sum(disk(root)) - before) / new_shards, 3) if new_shards else None
+    # The round's new rows: the merged set's shards that are not the base's (carried ones share its inodes).
+    base = {p.stat().st_ino for p in (root / "data/bases/round1").glob("*.arrow")}
+    new_shards = sum(p.stat().st_size for p in (root / "data/merged").glob("*.arrow") if p.stat().st_ino not in base)
+    out["new_shard_bytes"] = new_shards
+    out["growth_per_new_byte"] = round((disk(root) - before) / new_shards, 3) if new_shards else None
     out["picked_again"] = picked_again(root, base_ids(root))
     run(["git", "checkout", "--", "."], root, env)
     run(["dvc", "checkout", "--force", "-q"], root, env)
@@ -128,8 +143,8 @@ def report(r: dict[str, Any]) -> str:
         "-" if not x.get("generation") else f"{x['generation']['acceptance']:.2f} / {x['generation']['forwards_saved']:.0%}"
         for x in runs.values()])
     rows.append(["new prompts already in the base"] + ["-"] + [str(x["picked_again"]) for x in (r["warm"], r["cold"])])
-    rows.append(["workspace + cache growth / new shard byte"] + ["-"] + [
-        str(x["growth_per_new_byte"]) for x in (r["warm"], r["cold"])])
+    rows.append(["workspace + cache growth / new merged shard byte (all of the round's outputs)"] + ["-"] + [
+        f"{x['growth_per_new_byte']} ({x['new_shard_bytes']} B)" for x in (r["warm"], r["cold"])])
     lines = [f"seed {r['seed']}: rollback to round 1 byte-identical: {r['restored']}; "
              f"round 2 wall: warm {r['seconds']['warm']} s, cold {r['seconds']['cold']} s", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
