@@ -55,6 +55,22 @@ def make_target(root: Path, initializer_range: float = 0.2) -> Path:
     return path
 
 
+def untrained_drafter(target_json: Path, folder: Path, block_size: int, tapped: int) -> Path:
+    """Save an untrained 1-layer DFlash drafter for the target of ``target_json`` (``tapped`` target layers, spread as
+    z-lab spreads them) in ``folder``: acceptance near 1, for tests of what decoding with a drafter keeps."""
+    from draftline.core.target import load_model, load_target
+    from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
+
+    info = load_target(target_json)
+    target = load_model(info)
+    cfg = make_config(target.config, num_layers=1, block_size=block_size, mask_token_id=info.mask_token_id,
+                      target_layer_ids=build_target_layer_ids(target.config.num_hidden_layers, tapped),
+                      lineage=lineage(info))
+    torch.manual_seed(0)
+    DFlashDrafter(cfg).save_pretrained(folder)
+    return folder
+
+
 def make_rows(n: int, seed: int = 0, min_len: int = 12, max_len: int = 48, max_step: int = 1) -> dict[str, list]:
     """Rows of a learnable language: a prompt of random tokens, then an answer counting up by a per-row step."""
     rng = np.random.default_rng(seed)

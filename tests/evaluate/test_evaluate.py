@@ -251,14 +251,9 @@ def test_the_stage_script_refuses_in_one_line_without_a_traceback(tiny_target_di
 
 def test_lossless_on_the_embedded_target(embedded_target, tmp_path):
     """The issue's check: speculative decoding on the embedded target reproduces target-only greedy decoding."""
-    from draftline.core.target import load_model, load_target
+    from drafter_support import untrained_drafter
 
-    info = load_target(embedded_target / "target.json")
-    target = load_model(info)
-    cfg = make_config(target.config, num_layers=1, block_size=8, mask_token_id=info.mask_token_id,
-                      target_layer_ids=build_target_layer_ids(target.config.num_hidden_layers, 3), lineage=lineage(info))
-    torch.manual_seed(0)
-    DFlashDrafter(cfg).save_pretrained(tmp_path / "checkpoints")
+    untrained_drafter(embedded_target / "target.json", tmp_path / "checkpoints", block_size=8, tapped=3)
     prompts = tmp_path / "eval.jsonl"
     recs = [PromptRecord(id=f"c{c.row}", source=c.source, row=c.row, tools=c.tools,
                          messages=[m for m in c.messages if m["role"] != "assistant"][:2])

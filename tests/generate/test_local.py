@@ -196,28 +196,13 @@ def test_a_reply_that_calls_a_tool_carries_tool_calls_and_finishes_as_the_server
     assert backend._result(reply, "<prompt>", None, "stop", 10, 20).message == {"role": "assistant", "content": reply}
 
 
-def _drafter(embedded_target, folder):
-    """An untrained DFlash drafter for the embedded target (acceptance near 1: the bytes are what is tested)."""
-    import torch
-    from drafter_support import lineage
-
-    from draftline.core.target import load_model, load_target
-    from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
-
-    info = load_target(embedded_target / "target.json")
-    target = load_model(info)
-    cfg = make_config(target.config, num_layers=1, block_size=4, mask_token_id=info.mask_token_id,
-                      target_layer_ids=build_target_layer_ids(target.config.num_hidden_layers, 2), lineage=lineage(info))
-    torch.manual_seed(0)
-    DFlashDrafter(cfg).save_pretrained(folder)
-    return folder
-
-
 def test_a_drafter_changes_speed_not_bytes_and_not_the_journal_key(tmp_path, embedded_target, monkeypatch):
     """generate.draft_model, greedy: the local backend decodes each prompt through the speculative loop and writes
     the same completions as the batched decoding without it; switched on over a finished journal, it sends nothing."""
     prompts = _prompts(5)
-    draft = str(_drafter(embedded_target, tmp_path / "drafter"))
+    from drafter_support import untrained_drafter
+
+    draft = str(untrained_drafter(embedded_target / "target.json", tmp_path / "drafter", block_size=4, tapped=2))
     plain_dir, drafted_dir = tmp_path / "plain", tmp_path / "drafted"
     for d in (plain_dir, drafted_dir):
         d.mkdir()

@@ -13,6 +13,7 @@ from merge_support import chat_rows, write_legacy
 
 from draftline.conversations.params import ConversationsParams
 from draftline.core.classify import DOMAINS
+from draftline.core.errors import Refusal
 from draftline.core.jsonl import iter_jsonl
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation
@@ -292,6 +293,9 @@ def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path
         steer_factors(weights, report, "greedy", 1.0)
     with pytest.raises(Exception, match="does not exist"):
         steer_factors(weights, tmp_path / "none.json", "sampled", 1.0)
+    (tmp_path / "cut.json").write_text('{"settings": {"sampled": ')  # a report cut half-way: refused, named
+    with pytest.raises(Refusal, match="not an evaluate report"):
+        steer_factors(weights, tmp_path / "cut.json", "sampled", 1.0)
     # In the stage: the report shows requested, steered and achieved shares; the lagging source gains rows.
     plain, _ = _run(env, "unsteered", {**BLEND, "total": 17})
     steer = {"eval": str(report), "setting": "sampled", "strength": 3.0}

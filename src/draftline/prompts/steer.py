@@ -33,9 +33,12 @@ def steer_factors(weights: Mapping[str, float], report: str | Path, setting: str
     if not path.is_file():
         raise MissingInput(f"blend.steer.eval: {path} does not exist; keep the previous round's reports/eval.json "
                            "under data/drafters/ (README \"Rounds\")")
-    settings = json.loads(path.read_text()).get("settings", {})
-    if setting not in settings:
-        raise Refusal(f"blend.steer.setting {setting!r} is not in {path}; it has {sorted(settings)}")
+    try:
+        settings = json.loads(path.read_text()).get("settings", {})
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise Refusal(f"blend.steer.eval: {path} is not an evaluate report (reports/eval.json): {e}") from e
+    if setting not in settings or not isinstance(settings[setting].get("per_source"), dict):
+        raise Refusal(f"blend.steer.setting {setting!r} has no per-source figures in {path}; it has {sorted(settings)}")
     per_source = settings[setting]["per_source"]
     acceptance = {s: per_source.get(s, {}).get("acceptance") for s in weights}
     measured = [a for a in acceptance.values() if a]
