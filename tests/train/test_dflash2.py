@@ -127,6 +127,44 @@ def test_the_selector_loss_trains_the_selector_alone(workdir):
     assert float(inserted.loss) > float(with_selector.loss)
 
 
+def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(workdir):
+    """``selector_labels: target``: the selector's gold for token j is the target's argmax from position j - 1.
+    Where that choice is the data's token the loss and counts are exactly the data labels'; the real target's
+    choices (which differ from the data somewhere) give other counts; the block loss never changes."""
+    from transformers import Qwen3ForCausalLM
+
+    from draftline.core.dataset import load_training_set
+    from draftline.train.data import collate
+    from draftline.train.objective import capture_features
+
+    target = Qwen3ForCausalLM.from_pretrained(workdir / "target-model").eval()
+    config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),
+                         target_layer_ids=[1, 3], architecture="dflash2", dflash2=dflash2())
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config).bind(target)
+    dataset, order, _ = load_training_set(workdir / "data" / "merged")
+    batch = collate(dataset, order[:4], 64, 0)
+    feats, next_ids = capture_features(target, batch, [1, 3], next_ids=True)
+    with torch.no_grad():
+        logits = target(batch.input_ids, attention_mask=batch.attention_mask).logits
+    assert torch.equal(next_ids, logits.argmax(-1).int())
+
+    def stats(target_next):
+        with torch.no_grad():
+            return dflash_loss(drafter, feats, batch, anchors_per_seq=4, gamma=4.0,
+                               generator=torch.Generator().manual_seed(0), selector_weight=1.0,
+                               target_next=target_next)
+
+    data = stats(None)
+    echo = torch.cat([batch.input_ids[:, 1:], batch.input_ids[:, -1:]], dim=1).int()  # "the target" = the data
+    assert torch.equal(stats(echo).selector, data.selector)
+    real = stats(next_ids)
+    assert not torch.equal(real.selector, data.selector)
+    assert torch.equal(real.correct, data.correct)
+    block_loss = float(data.loss) - float(data.selector[0])
+    assert abs(float(real.loss) - float(real.selector[0]) - block_loss) < 1e-5
+
+
 def test_dflash2_trains_from_scratch_and_from_a_dflash1_drafter(tmp_path, workdir, train):
     root = _copy_inputs(workdir, tmp_path / "a")
     torch.set_num_threads(1)
@@ -183,12 +221,19 @@ def test_params_name_a_bad_dflash2_section():
 
 
 def test_the_same_dflash2_params_give_the_same_checkpoint_bytes(tmp_path, workdir, train):
-    outs = []
-    for name in ("a", "b"):
-        root = _copy_inputs(workdir, tmp_path / name)
-        train(S.train_params(max_steps=6, architecture="dflash2", sliding_window=16, max_window_layers=0), root)
-        outs.append((root / "data" / "checkpoints" / "model.safetensors").read_bytes())
-    assert outs[0] == outs[1]
+    """Same params, same bytes; the target's labels, cached or computed online at every step, train the same weights
+    (and other weights than the data's labels)."""
+    runs = {"a": {}, "b": {}, "target cached": {"selector_labels": "target"},
+            "target online": {"selector_labels": "target", "feature_cache_gb": 0}}
+    outs = {}
+    for name, change in runs.items():
+        root = _copy_inputs(workdir, tmp_path / name.replace(" ", "-"))
+        labels = change.get("selector_labels", "data")
+        train(S.train_params(max_steps=6, architecture="dflash2", sliding_window=16, max_window_layers=0,
+                             dflash2=dflash2(selector_labels=labels), feature_cache_gb=change.get("feature_cache_gb", 1.0)),
+              root)
+        outs[name] = (root / "data" / "checkpoints" / "model.safetensors").read_bytes()
+    assert outs["a"] == outs["b"] and outs["target cached"] == outs["target online"] != outs["a"]
 
 
 def test_dflash2_under_two_process_gloo_ddp(tmp_path, workdir):

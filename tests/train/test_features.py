@@ -33,23 +33,28 @@ def _run(workdir, **params) -> T.Run:
     return run
 
 
-def test_cached_features_are_each_rows_online_features_zero_padded(workdir):
-    run = _run(workdir)
-    assert run.features is not None
+@pytest.mark.parametrize("labels", ["data", "target"])
+def test_cached_features_are_each_rows_online_features_zero_padded(workdir, labels):
+    run = _run(workdir, architecture="dflash2", dflash2={**S.small_params()["dflash2"], "selector_labels": labels})
+    assert run.features is not None and run.target_labels == (labels == "target")
     for step in range(run.plan.steps_per_epoch):
         rows = run.plan.batch_rows(step, 0)
         batch = run.batch(rows)
-        online = capture_features(run.target, batch, run.drafter.target_layer_ids)
-        cached = run.features.batch(rows, batch.input_ids.shape[1])
+        online, online_ids = capture_features(run.target, batch, run.drafter.target_layer_ids, run.target_labels)
+        cached, cached_ids = run.features.batch(rows, batch.input_ids.shape[1])
         real = batch.attention_mask.bool()
         # The cache was filled from the plan's own batches: the very computation a step would run, bit for bit.
         assert torch.equal(cached[real], online[real])
         assert not cached[~real].any()
+        if labels == "data":
+            assert online_ids is None and cached_ids is None
+        else:
+            assert torch.equal(cached_ids[real], online_ids[real]) and not cached_ids[~real].any()
 
 
 def test_rows_outside_the_plan_are_refused():
     cache = T.FeatureCache(torch.zeros(5, 2), np.array([0, -1]), np.array([5, 3]))
-    assert cache.batch(np.array([0]), 6)[0, :5].eq(0).all()
+    assert cache.batch(np.array([0]), 6)[0][0, :5].eq(0).all()
     with pytest.raises(KeyError, match="row 1 is not in the feature cache"):
         cache.batch(np.array([1]), 6)
 

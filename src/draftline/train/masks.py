@@ -57,6 +57,13 @@ def position_weights(block_size: int, gamma: float) -> torch.Tensor:
     return w
 
 
+def block_gather(values: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``values[b, a + k]`` for every block ``[b, n, B]`` of anchor ``a``, clamped at the row's last position."""
+    s = values.shape[1]
+    idx = (anchors[:, :, None] + torch.arange(block_size, device=anchors.device)[None, None, :]).clamp(max=s - 1)
+    return values.gather(1, idx.flatten(1)).view_as(idx)
+
+
 def block_targets(
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -70,12 +77,9 @@ def block_targets(
     A weight is the position weight where the label exists (inside the row), is supervised and the block is
     kept; else 0. Past the end of a row the label is clamped and weighted 0.
     """
-    s = input_ids.shape[1]
-    idx = anchors[:, :, None] + torch.arange(block_size, device=anchors.device)[None, None, :]
-    inside = idx < s
-    idx = idx.clamp(max=s - 1)
-    labels = input_ids.gather(1, idx.flatten(1)).view_as(idx)
-    supervised = loss_mask.bool().gather(1, idx.flatten(1)).view_as(idx)
+    inside = anchors[:, :, None] + torch.arange(block_size, device=anchors.device)[None, None, :] < input_ids.shape[1]
+    labels = block_gather(input_ids, anchors, block_size)
+    supervised = block_gather(loss_mask.bool(), anchors, block_size)
     w = position_weights(block_size, gamma).to(anchors.device)[None, None, :]
     weights = w * (inside & supervised & keep[:, :, None]).float()
     return labels, weights

@@ -12,20 +12,32 @@ from draftline.drafter.model import DFlashDrafter, target_features
 from draftline.drafter.modeling_dflash import FULL
 from draftline.train.anchors import sample_anchors
 from draftline.train.data import Batch
-from draftline.train.masks import block_inputs, block_mask, block_positions, block_targets
+from draftline.train.masks import block_gather, block_inputs, block_mask, block_positions, block_targets
 
 
 @torch.no_grad()
-def capture_features(target: nn.Module, batch: Batch, layer_ids: list[int]) -> torch.Tensor:
-    """The target's hidden states of the chosen layers, computed online: ``[b, s, len(layer_ids) * hidden]``.
+def capture_features(target: nn.Module, batch: Batch, layer_ids: list[int],
+                     next_ids: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target's hidden states of the chosen layers, computed online: ``[b, s, len(layer_ids) * hidden]``; with
+    ``next_ids``, also the target's own greedy next token at every position ``[b, s]`` (int32; DFlash 2's selector
+    labels under ``selector_labels: target``), else None.
 
-    Runs the target's decoder only (no lm_head: its logits would be the largest tensor of the pass).
+    Runs the target's decoder only; the lm_head (whose logits would be the largest tensor of the pass) only for
+    ``next_ids``, over ``HEAD_CHUNK`` positions at a time, keeping just their argmax.
     """
     decoder = target.get_decoder() if hasattr(target, "get_decoder") else target
     out = decoder(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True, use_cache=False
     )
-    return target_features(out.hidden_states, layer_ids)
+    features = target_features(out.hidden_states, layer_ids)
+    if not next_ids:
+        return features, None
+    head = target.get_output_embeddings()
+    final = out.hidden_states[-1]  # after the final norm: what the lm_head reads
+    return features, torch.cat([head(c).argmax(-1).int() for c in final.split(HEAD_CHUNK, dim=1)], dim=1)
+
+
+HEAD_CHUNK = 256  # positions per lm_head call: 256 x a 152K vocabulary x 4 bytes is 155 MB of logits per row
 
 
 def block_masks(drafter: DFlashDrafter, anchors: torch.Tensor, keep: torch.Tensor, context_len: int):
@@ -59,8 +71,12 @@ def dflash_loss(
     generator: torch.Generator,
     selector_weight: float = 0.0,
     gold_outside_top_k: str = "drop",
+    target_next: torch.Tensor | None = None,
 ) -> StepStats:
     """The DFlash objective on one batch, given the target's ``features`` of it (:func:`capture_features`).
+
+    DFlash 2's selector learns to pick the data's token, or with ``target_next`` (the target's greedy next token at
+    every position, ``[b, s]``) the target's own choice at that position.
 
     ``drafter`` may be DDP-wrapped; ``drafter_module`` below is the bare :class:`DFlashDrafter`. Logits are only
     computed where a label has weight, which keeps the vocabulary-sized tensor as small as it can be.
@@ -90,7 +106,12 @@ def dflash_loss(
         # The token before each label: the anchor at block position 1, the previous label after it (teacher forcing).
         previous = torch.cat([labels[..., :1], labels[..., :-1]], dim=-1).flatten()[used]
         h = hidden.reshape(-1, hidden.shape[-1])[used]
-        sel_loss, selector = selector_loss(core, h, logits, previous, target_ids, w, gold_outside_top_k)
+        gold = target_ids
+        if target_next is not None:
+            # The target's choice for token j is its greedy prediction from position j - 1.
+            shifted = torch.cat([target_next[:, :1], target_next[:, :-1]], dim=1)
+            gold = block_gather(shifted, anchors, B).flatten()[used].long()
+        sel_loss, selector = selector_loss(core, h, logits, previous, gold, w, gold_outside_top_k)
         loss = loss + selector_weight * sel_loss
     return StepStats(loss, correct, counted, selector)
 

@@ -111,20 +111,28 @@ class Run:
     def loss(self, model, rows: np.ndarray, batch: Batch, generator, step: int = 0):
         with torch.autocast(self.d.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if self.features is not None:
-                features = self.features.batch(rows, batch.input_ids.shape[1])
+                features, next_ids = self.features.batch(rows, batch.input_ids.shape[1])
             else:
-                features = self.online_features(batch)
+                features, next_ids = self.online_features(batch)
             return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq,
                                gamma=self.cfg.gamma, generator=generator, selector_weight=self.selector_weight(step),
-                               gold_outside_top_k=self.cfg.dflash2.gold_outside_top_k)
+                               gold_outside_top_k=self.cfg.dflash2.gold_outside_top_k, target_next=next_ids)
+
+    @property
+    def target_labels(self) -> bool:
+        """DFlash 2's selector learns the target's own greedy choice (``selector_labels: target``)."""
+        return self.cfg.architecture == "dflash2" and self.cfg.dflash2.selector_labels == "target"
 
     @property
     def feature_bytes(self) -> int:
         """Bytes of the feature cache (0 when features are computed online)."""
-        return 0 if self.features is None else self.features.flat.numel() * self.features.flat.element_size()
+        if self.features is None:
+            return 0
+        ids = self.features.next_ids
+        return self.features.flat.numel() * self.features.flat.element_size() + (0 if ids is None else ids.numel() * 4)
 
-    def online_features(self, batch: Batch) -> torch.Tensor:
-        return capture_features(self.target, batch, self.drafter.target_layer_ids)
+    def online_features(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return capture_features(self.target, batch, self.drafter.target_layer_ids, next_ids=self.target_labels)
 
     def batch(self, rows: np.ndarray):
         return collate(self.dataset, rows, self.cfg.max_length, self.info.pad_token_id or 0).to(self.d.device)
@@ -262,18 +270,18 @@ def cache_features(run: Run) -> None:
     cfg, d = run.cfg, run.d
     dtype = next(run.target.parameters()).dtype
     width = len(run.drafter.target_layer_ids) * run.target.config.get_text_config().hidden_size
-    size = cache_bytes(run.plan, width, dtype.itemsize)
+    size = cache_bytes(run.plan, width, dtype.itemsize, run.target_labels)
     if size > cfg.feature_cache_gb * GB:
         if d.main:
             log.info("target features computed online at every step: every row's would take %.2f GB, over "
                      "train.feature_cache_gb=%s", size / GB, cfg.feature_cache_gb)
         return
 
-    def features_of(rows: np.ndarray) -> torch.Tensor:
+    def features_of(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=run.autocast):
             return run.online_features(run.batch(rows))
 
-    run.features = FeatureCache.fill(run.plan, features_of, width, dtype, d.device, show=d.main)
+    run.features = FeatureCache.fill(run.plan, features_of, width, dtype, d.device, run.target_labels, show=d.main)
 
 
 def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
