@@ -2,7 +2,8 @@
 
 Per target seed, in a temporary git + DVC clone of this repository (tests/project_clone.py):
 
-1. **round 1**: ``dvc repro`` as shipped; its merged set, drafter and evaluation kept as the README says
+1. **round 1**: ``dvc repro`` as shipped but for ``blend.total`` (``--round1-total``, 600: the shipped 1,200
+   leaves round 2 nothing to steer in the samples, see ROUND1_TOTAL); its merged set, drafter and evaluation kept as the README says
    (``data/bases/round1``, ``data/drafters/round1`` and its ``eval.json``), committed, tagged ``round1`` and pushed
    to a local DVC remote;
 2. **round 2, warm**: ``dvc exp run`` with ``merge.base`` = round 1's merged set, ``train.init_from`` and
@@ -38,7 +39,10 @@ from typing import Any
 import yaml
 from project_clone import digest, make_project, run
 
-ROUND2_TOTAL = 500  # the embedded samples hold 1,730 train prompts; round 1 takes 1,200
+# The embedded samples hold 1,730 train prompts after the eval split; the shipped round 1 (1,200) leaves 530, 500
+# of them metamathqa's: nothing to steer. Round 1 at 600 leaves every weighted source rows to choose from.
+ROUND1_TOTAL = 600
+ROUND2_TOTAL = 300
 
 
 def inodes(root: Path) -> dict[int, int]:
@@ -134,10 +138,10 @@ def round2(root: Path, env: dict[str, str], total: int, steps: int, warm: bool) 
     return out
 
 
-def measure(seed: int, total: int) -> dict[str, Any]:
+def measure(seed: int, round1_total: int, total: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"rounds-seed{seed}-"))
     try:
-        env = make_project(root, {"target": {"seed": seed}})
+        env = make_project(root, {"target": {"seed": seed}, "blend": {"total": round1_total}})
         run(["dvc", "repro"], root, env, timeout=7200)
         r1 = figures(root)
         merged, drafter = digest(root / "data/merged"), digest(root / "data/checkpoints")
@@ -149,7 +153,7 @@ def measure(seed: int, total: int) -> dict[str, Any]:
         run(["git", "checkout", "-q", "round1"], root, env)
         run(["dvc", "checkout", "--force", "-q"], root, env)
         restored = digest(root / "data/merged") == merged and digest(root / "data/checkpoints") == drafter
-        return {"seed": seed, "round2_total": total, "runs": runs, "restored": restored}
+        return {"seed": seed, "round1_total": round1_total, "round2_total": total, "runs": runs, "restored": restored}
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(root.parent / f"{root.name}-remote", ignore_errors=True)
@@ -180,7 +184,8 @@ def report(r: dict[str, Any]) -> str:
         str(x["growth"]["all"]) for x in later])
     rows.append(["round wall seconds"] + ["-"] + [str(x["seconds"]) for x in later])
     header = ["", *runs]
-    lines = [f"seed {r['seed']}, round 2 = {r['round2_total']} new prompts: rollback to round 1 byte-identical: "
+    lines = [f"seed {r['seed']}, round 1 = {r['round1_total']} prompts, round 2 = {r['round2_total']} new ones: "
+             f"rollback to round 1 byte-identical: "
              f"{r['restored']}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
@@ -188,10 +193,11 @@ def report(r: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--round1-total", type=int, default=ROUND1_TOTAL, help="round 1's blend.total (shipped: 1200)")
     ap.add_argument("--round2-total", type=int, default=ROUND2_TOTAL, help="new prompts in round 2")
     args = ap.parse_args()
     for seed in args.seeds:
-        result = measure(seed, args.round2_total)
+        result = measure(seed, args.round1_total, args.round2_total)
         print(json.dumps(result), flush=True)
         print(report(result), flush=True)
 
