@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from draftline.core.chat import template_kwargs
+from draftline.core.logs import get_logger
 from draftline.core.records import read_prompts
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target, load_tokenizer
@@ -128,7 +129,7 @@ def main() -> None:
     if args.engines and not torch.cuda.is_available():
         sys.exit("bench/serve_gpu.py needs a CUDA machine (SGLang and vLLM serve on GPUs)")
     args.target = args.target or Path(load_target(args.target_json).path)
-    prompts = read_prompts(args.prompts, Skips())[: args.n]
+    prompts = read_prompts(args.prompts, Skips(get_logger("serve_gpu")))[: args.n]
     thinking = json.loads((args.drafter / "config.json").read_text()).get("draftline", {}).get("enable_thinking")
     table: dict[str, Any] = {"draftline": ours(args, prompts, thinking)}
     for engine in args.engines:
