@@ -82,8 +82,8 @@ def test_a_warm_started_dflash2_drafts_exactly_what_its_dflash1_source_drafts(tm
         assert torch.equal(candidates[..., 0], a.logits.argmax(-1))
 
 
-def test_the_selector_loss_trains_the_selector_alone(workdir):
-    """The selector's loss reaches the selector's weights and leaves the drafter's layers to the block loss."""
+def _fresh_dflash2(workdir):
+    """The tiny target, a fresh 1-layer DFlash 2 drafter bound to it (seed 0), and a batch of 4 training rows."""
     from transformers import Qwen3ForCausalLM
 
     from draftline.core.dataset import load_training_set
@@ -95,7 +95,12 @@ def test_the_selector_loss_trains_the_selector_alone(workdir):
     torch.manual_seed(0)
     drafter = DFlashDrafter(config).bind(target)
     dataset, order, _ = load_training_set(workdir / "data" / "merged")
-    batch = collate(dataset, order[:4], 64, 0)
+    return target, drafter, collate(dataset, order[:4], 64, 0)
+
+
+def test_the_selector_loss_trains_the_selector_alone(workdir):
+    """The selector's loss reaches the selector's weights and leaves the drafter's layers to the block loss."""
+    target, drafter, batch = _fresh_dflash2(workdir)
     with torch.no_grad():
         feats = target_features(target.model(batch.input_ids, attention_mask=batch.attention_mask,
                                               output_hidden_states=True).hidden_states, [1, 3])
@@ -131,19 +136,9 @@ def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(wor
     """``selector_labels: target``: the selector's gold for token j is the target's argmax from position j - 1.
     Where that choice is the data's token the loss and counts are exactly the data labels'; the real target's
     choices (which differ from the data somewhere) give other counts; the block loss never changes."""
-    from transformers import Qwen3ForCausalLM
-
-    from draftline.core.dataset import load_training_set
-    from draftline.train.data import collate
     from draftline.train.objective import capture_features
 
-    target = Qwen3ForCausalLM.from_pretrained(workdir / "target-model").eval()
-    config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),
-                         target_layer_ids=[1, 3], architecture="dflash2", dflash2=dflash2())
-    torch.manual_seed(0)
-    drafter = DFlashDrafter(config).bind(target)
-    dataset, order, _ = load_training_set(workdir / "data" / "merged")
-    batch = collate(dataset, order[:4], 64, 0)
+    target, drafter, batch = _fresh_dflash2(workdir)
     feats, next_ids = capture_features(target, batch, [1, 3], next_ids=True)
     with torch.no_grad():
         logits = target(batch.input_ids, attention_mask=batch.attention_mask).logits
