@@ -18,7 +18,7 @@ Cells (on the committed embedded default: ``dvc repro`` or ``dvc pull`` first):
 - generate: seconds of generation for ``--prompts`` prompts of data/prompts/train.jsonl (generate.local.workers
   processes of generate.local.threads threads; model loading excluded);
 - train: seconds per optimizer step over ``--steps`` steps (train.threads);
-- evaluate: decoding seconds of one eval prompt per source (evaluate.threads).
+- evaluate: decoding seconds (reports/eval.run.json decode_seconds) of one eval prompt per source (evaluate.threads).
 
 Each cell is the median of ``--reps`` repetitions, alternating cells so that drift hits every cell alike.
 
@@ -87,10 +87,11 @@ def _evaluate(tmp: Path, _steps: int, _prompts: int) -> float:
 
     params = dataclasses.replace(EvalParams.load("evaluate"), max_prompts_per_source=1)
     args = EvalArgs(checkpoint=DATA / "checkpoints", target=DATA / "target" / "target.json",
-                    prompts=DATA / "prompts" / "eval.jsonl", metrics=tmp / "m.json", report=tmp / "r.json",
-                    plot=tmp / "p.csv")
+                    prompts=DATA / "prompts" / "eval.jsonl", sets=DATA / "sets" / "conversations", metrics=tmp / "m.json",
+                    report=tmp / "r.json", positions=tmp / "positions", lengths=tmp / "lengths",
+                    steps=tmp / "steps.jsonl")
     run = execute("evaluate", run_evaluate, params, args).run
-    return run["baseline_seconds"] + run["speculative_seconds"]
+    return run["decode_seconds"]
 
 
 CELLS = {"target": (_target, "s/step"), "generate": (_generate, "s"), "train": (_train, "s/step"),
