@@ -87,9 +87,9 @@ def _evaluate(tmp: Path, _steps: int, _prompts: int) -> float:
 
     params = dataclasses.replace(EvalParams.load("evaluate"), max_prompts_per_source=1)
     args = EvalArgs(checkpoint=DATA / "checkpoints", target=DATA / "target" / "target.json",
-                    prompts=DATA / "prompts" / "eval.jsonl", sets=DATA / "sets" / "conversations", metrics=tmp / "m.json",
-                    report=tmp / "r.json", positions=tmp / "positions", lengths=tmp / "lengths",
-                    steps=tmp / "steps.jsonl")
+                    prompts=DATA / "prompts" / "eval.jsonl", sets=DATA / "sets" / "conversations",
+                    metrics=tmp / "m.json", report=tmp / "r.json", positions=tmp / "positions",
+                    lengths=tmp / "lengths", steps=tmp / "steps.jsonl")
     run = execute("evaluate", run_evaluate, params, args).run
     return run["decode_seconds"]
 
