@@ -245,10 +245,11 @@ def test_batches_take_one_source_within_the_budget_and_label_replies_only():
     examples = {"a": [Example([1, 2, 3], [4, 5]), Example([1, 2], [6])], "b": [Example([7] * 10, [8, 9])]}
     batches = _SourceBatches(examples, {"b": 0.0}, batch_tokens=12, pad=0, seed=0)
     for _ in range(6):  # weight 0: source b is never drawn
-        ids, labels, mask = batches.next()
+        ids, labels = batches.next()
         assert ids.shape[0] * ids.shape[1] <= 12 and set(ids.flatten().tolist()) <= {0, 1, 2, 3, 4, 5, 6}
-        for row, lab, m in zip(ids.tolist(), labels.tolist(), mask.tolist()):
-            n = sum(m)
+        for row, lab in zip(ids.tolist(), labels.tolist()):
+            n = sum(t != 0 for t in row)  # right-padded with pad=0
+            assert all(t == 0 for t in row[n:])
             # position t is trained to predict token t + 1, and only where that token is the reply's
             supervised = [row[t + 1] for t in range(n - 1) if lab[t] != IGNORE]
             assert supervised in ([4, 5], [6]) and all(x == IGNORE for x in lab[n - 1:])

@@ -77,3 +77,21 @@ def test_the_budget_decides_and_the_report_and_preflight_say_which(tmp_path, wor
         assert stage.details["target_features"] == name
         weights[name] = (root / "data" / "checkpoints" / "model.safetensors").read_bytes()
     assert weights["cached"] == weights["online"]
+
+
+def test_a_padded_batch_gives_each_row_the_features_it_has_alone(workdir):
+    """capture_features runs the target unmasked on right-padded rows (its causal kernel): each real position must
+    get the features, and the greedy next token, the row gets when it is run alone, unpadded."""
+    run = _run(workdir, architecture="dflash2", dflash2={**S.small_params()["dflash2"], "selector_labels": "target"})
+    rows = max((run.plan.batch_rows(step, 0) for step in range(run.plan.steps_per_epoch)), key=len)
+    batch = run.batch(rows)
+    assert len(rows) > 1 and not batch.attention_mask.bool().all()  # the check needs a padded row
+    padded, padded_ids = capture_features(run.target, batch, run.drafter.target_layer_ids, next_ids=True)
+    agree = total = 0
+    for i, n in enumerate(batch.attention_mask.sum(1).tolist()):
+        alone = run.batch(rows[i : i + 1])
+        assert alone.input_ids.shape[1] == n
+        feats, ids = capture_features(run.target, alone, run.drafter.target_layer_ids, next_ids=True)
+        torch.testing.assert_close(padded[i, :n], feats[0], atol=1e-4, rtol=1e-4)
+        agree, total = agree + int((padded_ids[i, :n] == ids[0]).sum()), total + n
+    assert agree / total >= 0.99  # an argmax may flip on a near-tie at float precision, never more than that

@@ -26,9 +26,9 @@ def capture_features(target: nn.Module, batch: Batch, layer_ids: list[int],
     ``next_ids``, over ``HEAD_CHUNK`` positions at a time, keeping just their argmax.
     """
     decoder = target.get_decoder() if hasattr(target, "get_decoder") else target
-    out = decoder(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True, use_cache=False
-    )
+    # No attention mask: the rows are right-padded and the target causal, so no real token attends to a pad and the
+    # decoder runs its causal kernel unmasked (a padded row's real positions get what the row alone gets).
+    out = decoder(input_ids=batch.input_ids, output_hidden_states=True, use_cache=False)
     features = target_features(out.hidden_states, layer_ids)
     if not next_ids:
         return features, None

@@ -37,7 +37,7 @@ from draftline.core.logs import get_logger
 from draftline.core.params import ParamsError
 from draftline.core.records import TargetInfo
 from draftline.core.runner import StageRun
-from draftline.core.schedule import lr_at
+from draftline.core.schedule import adamw, lr_at
 from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target
@@ -261,8 +261,7 @@ def build(run: Run) -> None:
     if not 0 <= run.meta.mask_token_id < run.drafter.shared.embed.weight.shape[0]:
         raise TrainInputError(f"the training set's mask_token_id {run.meta.mask_token_id} is not a row of the "
                               "target's embedding: re-run tokenize and merge for this target")
-    run.optimizer = torch.optim.AdamW(run.drafter.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                      weight_decay=cfg.weight_decay)
+    run.optimizer = adamw(run.drafter.parameters(), cfg.lr, cfg.adam_betas, cfg.weight_decay)
 
 
 def cache_features(run: Run) -> None:

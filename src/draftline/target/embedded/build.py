@@ -45,7 +45,7 @@ from draftline.core.chat import render
 from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
 from draftline.core.records import Conversation
-from draftline.core.schedule import lr_at
+from draftline.core.schedule import adamw, lr_at
 from draftline.core.skips import Skips
 from draftline.core.threads import torch_threads
 from draftline.core.tool_calls import split_tool_calls
@@ -118,8 +118,9 @@ class _SourceBatches:
             self.queues[name] = torch.randperm(len(self.examples[name]), generator=self.gen).tolist()
         return self.examples[name][self.queues[name][-1]]
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(input_ids, labels, attention_mask)``, right-padded; labels only on the replies."""
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids, labels)``, right-padded; labels only on the replies. No attention mask: under causal
+        attention a right pad is never attended to by a real token, so the model runs its causal kernel unmasked."""
         name = self.names[torch.multinomial(self.weights, 1, generator=self.gen).item()]
         rows: list[Example] = []
         width = 0
@@ -132,13 +133,11 @@ class _SourceBatches:
             width = max(width, len(ex))
         ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, ex in enumerate(rows):
             n, p = len(ex), len(ex.prompt)
             ids[i, :n] = torch.tensor(ex.prompt + ex.reply)
             labels[i, p - 1 : n - 1] = torch.tensor(ex.reply)  # position t predicts token t + 1
-            mask[i, :n] = 1
-        return ids, labels, mask
+        return ids, labels
 
 
 def _model_config(spec: EmbeddedParams, tok: PreTrainedTokenizerFast) -> Qwen3Config:
@@ -161,16 +160,16 @@ def _model_config(spec: EmbeddedParams, tok: PreTrainedTokenizerFast) -> Qwen3Co
 
 
 def _train(model: Qwen3ForCausalLM, batches: _SourceBatches, spec: EmbeddedParams) -> list[dict[str, Any]]:
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=tuple(spec.adam_betas), weight_decay=spec.weight_decay)
+    opt = adamw(model.parameters(), spec.lr, spec.adam_betas, spec.weight_decay)
     curve = []
     model.train()
     for step in tqdm(range(spec.steps), desc="target: training", unit="step"):
-        ids, labels, mask = batches.next()
+        ids, labels = batches.next()
         lr = lr_at(step, spec.lr, spec.steps, spec.warmup_steps, spec.min_lr_ratio)
         for group in opt.param_groups:
             group["lr"] = lr
         # The lm_head only where a reply token is predicted: most positions are prompt.
-        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden = model.model(input_ids=ids).last_hidden_state
         supervised = labels != IGNORE
         loss = F.cross_entropy(model.lm_head(hidden[supervised]), labels[supervised])
         loss.backward()
