@@ -140,9 +140,10 @@ def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(wor
 
     target, drafter, batch = _fresh_dflash2(workdir)
     feats, next_ids = capture_features(target, batch, [1, 3], next_ids=True)
-    with torch.no_grad():
-        logits = target(batch.input_ids, attention_mask=batch.attention_mask).logits
-    assert torch.equal(next_ids, logits.argmax(-1).int())
+    with torch.no_grad():  # unmasked, as capture_features runs it (right padding: no real token sees a pad)
+        logits = target(batch.input_ids).logits
+    real = batch.attention_mask.bool()
+    assert not real.all() and torch.equal(next_ids[real], logits.argmax(-1).int()[real])
 
     def stats(target_next):
         with torch.no_grad():
