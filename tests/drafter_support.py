@@ -92,6 +92,19 @@ def make_rows(n: int, seed: int = 0, min_len: int = 12, max_len: int = 48, max_s
     return rows
 
 
+def greedy_rows(target, prompts: list[list[int]], new_tokens: int = 20):
+    """Rows whose replies are ``target``'s own greedy continuation of ``prompts`` (the replies supervised)."""
+    import datasets
+
+    ids, masks = [], []
+    for prompt in prompts:
+        out = target.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False)
+        ids.append(out[0].tolist())
+        masks.append([False] * len(prompt) + [True] * (out.shape[1] - len(prompt)))
+    return datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": masks})
+
+
 def make_merged(root: Path, rows: dict[str, list]) -> Path:
     """Write rows as a draftline training set (shards, draftline.json, order.npy), as the merge stage does."""
     from draftline.core import dataset as fmt
@@ -140,7 +153,7 @@ def small_params(**overrides) -> dict:
         dflash2=dict(conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=4,
                      selector_loss_weight=1.0, selector_warmup_ratio=0.1, selector_labels="data",
                      gold_outside_top_k="drop"),
-        drafter_layers=1, target_layers=3, block_size=8, gamma=4.0, anchors_per_seq=8, max_length=64,
+        drafter_layers=1, target_layers=3, block_size=8, gamma=4.0, labels="data", anchors_per_seq=8, max_length=64,
         max_tokens_per_batch=256, memory_limit_gb=4.0, feature_cache_gb=1.0, epochs=1.0, max_steps=0, lr=3e-3, min_lr_ratio=0.0,
         warmup_ratio=0.1, weight_decay=0.0, adam_betas=[0.9, 0.95], grad_clip=1.0, skip_nonfinite=0, bf16=True, seed=0, threads=1, gpus=0, save_every=5, log_every=1,
         strict=False, max_skip_share=0.01,

@@ -1,4 +1,4 @@
-"""The training block layout: anchors, attention mask, labels, loss weights, and the batch plan."""
+"""The training block layout: anchors, attention mask, labels, loss weights, and the plan of packs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from draftline.train.anchors import anchor_candidates, count_candidates, sample_anchors
-from draftline.train.data import BatchPlan, collate, pack_batches, scan_rows
+from draftline.train.data import BatchPlan, PlanError, collate, pack_rows, scan_rows
 from draftline.train.masks import block_inputs, block_mask, block_positions, block_targets, position_weights
 
 
@@ -107,28 +107,57 @@ def test_scan_rows_across_scan_batches(monkeypatch):
     assert stats.kept_loss_tokens == sum(sum(m[:7]) for m in masks)
     assert stats.cut_loss_tokens == sum(sum(m[7:]) for m in masks)
 
-def test_pack_batches_respects_the_budget():
+def test_pack_rows_keeps_the_order_and_the_budget():
     lengths = np.array([5, 9, 3, 9, 2, 7, 4, 8])
-    batches = pack_batches(np.arange(8), lengths, 18)
-    assert sorted(np.concatenate(batches).tolist()) == list(range(8))
-    for b in batches:
-        assert len(b) * lengths[b].max() <= 18
-    with pytest.raises(ValueError, match="max_tokens_per_batch"):
-        pack_batches(np.arange(8), lengths, 8)
+    order = np.array([3, 0, 7, 1, 6, 2, 5, 4])
+    packs = pack_rows(order, lengths, 18)
+    assert np.concatenate(packs).tolist() == order.tolist()  # laid end to end in the given order
+    assert [int(lengths[p].sum()) for p in packs] == [14, 17, 16]
+    for a, b in zip(packs, packs[1:]):
+        assert lengths[a].sum() + lengths[b[0]] > 18  # a pack closes only when the next row does not fit
+    with pytest.raises(PlanError, match="max_tokens_per_batch"):
+        pack_rows(order, lengths, 8)
 
 
-def test_batch_plan_skips_rows_without_anchors_and_shards_by_rank():
-    masks = [[0, 1, 1, 1]] * 6 + [[1, 0, 1, 0]]
+def test_batch_plan_shuffles_packs_every_epoch_and_shards_by_rank():
+    masks = [[0, 1, 1, 1]] * 12 + [[1, 0, 1, 0]]
     ds = _rows(masks)
-    plans = [BatchPlan(ds, np.arange(7), max_length=8, max_tokens_per_batch=4, seed=3, world_size=2) for _ in range(2)]
-    plan = plans[0]
-    assert 6 not in plan.rows and plan.steps_per_epoch == 3
-    for step in range(6):
-        a, b = plan.batch_rows(step, 0), plan.batch_rows(step, 1)
-        assert not set(a) & set(b)
-        assert (plans[1].batch_rows(step, 0) == a).all()  # a pure function of (seed, step, rank)
-    for step in (5, 0, 4, 1):  # out of order too: the remembered epoch never leaks into another
-        fresh = BatchPlan(ds, np.arange(7), max_length=8, max_tokens_per_batch=4, seed=3, world_size=2)
+    plan = BatchPlan(ds, np.arange(13), max_length=8, max_tokens_per_batch=8, seed=3, world_size=2)
+    assert 12 not in plan.rows and plan.steps_per_epoch == 3  # 12 rows of 4 tokens: 6 packs of 2, 3 steps x 2 ranks
+    epochs = []
+    for epoch in range(2):
+        rows = [plan.batch_rows(epoch * 3 + i, r).tolist() for i in range(3) for r in range(2)]
+        assert sorted(sum(rows, [])) == list(range(12))  # every row once an epoch, ranks never share one
+        epochs.append({frozenset(p) for p in rows})
+    assert epochs[0] != epochs[1]  # which rows share a step changes between epochs
+    assert plan.epochs_at(3) == 1.0 and plan.epochs_at(4) == pytest.approx(1 + 1 / 3)
+    for step in (5, 0, 4, 1):  # out of order too, and in a fresh plan: a pure function of (seed, step, rank)
+        fresh = BatchPlan(ds, np.arange(13), max_length=8, max_tokens_per_batch=8, seed=3, world_size=2)
         assert (plan.batch_rows(step, 1) == fresh.batch_rows(step, 1)).all()
-    batch = collate(ds, np.array([0, 6]), 3, pad_token_id=0)
-    assert batch.input_ids.shape == (2, 3) and batch.loss_mask[0].tolist() == [False, True, True]
+    other = BatchPlan(ds, np.arange(13), max_length=8, max_tokens_per_batch=8, seed=4, world_size=2)
+    assert any((other.batch_rows(s, 0) != plan.batch_rows(s, 0)).any() for s in range(3))
+
+
+def test_epochs_of_different_pack_counts_add_up():
+    lengths = [3, 5, 2, 6, 4, 1, 7, 3, 5]
+    ds = _rows([[1] * n for n in lengths])
+    plan = BatchPlan(ds, np.arange(9), max_length=8, max_tokens_per_batch=10, seed=0)
+    counts = [plan.steps_in(e) for e in range(6)]
+    assert len(set(counts)) > 1  # the packing of a shuffle depends on it
+    assert plan.total_steps(2.5) == counts[0] + counts[1] + -(-counts[2] // 2)
+    step = 0
+    for epoch, n in enumerate(counts):
+        for i in range(n):
+            assert plan.locate(step) == (epoch, i)
+            assert sorted(plan.batch_rows(step, 0).tolist()) == sorted(plan.packs(epoch)[i].tolist())
+            step += 1
+
+
+def test_collate_lays_rows_end_to_end_with_their_own_positions():
+    ds = _rows([[0, 1, 1, 1, 1], [1, 0, 1], [0, 1, 1]])
+    batch = collate(ds, np.array([2, 0]), 4)
+    assert batch.input_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3]]  # row 2, then row 0 cut to 4 tokens
+    assert batch.loss_mask.tolist() == [[False, True, True, False, True, True, True]]
+    assert batch.row_of.tolist() == [[0, 0, 0, 1, 1, 1, 1]]
+    assert batch.positions.tolist() == [[0, 1, 2, 0, 1, 2, 3]]
+    assert batch.num_tokens == 7

@@ -10,12 +10,14 @@ import subprocess
 from pathlib import Path
 
 import drafter_support as S
+import numpy as np
 import pytest
 import torch
 
 from draftline.core.params import ParamsError
 from draftline.drafter.model import DFlashDrafter, make_config, target_features, warm_start
-from draftline.train.objective import dflash_loss
+from draftline.train.data import collate
+from draftline.train.objective import dflash_loss, pack_features
 from draftline.train.params import TrainParams
 
 
@@ -87,7 +89,6 @@ def _fresh_dflash2(workdir):
     from transformers import Qwen3ForCausalLM
 
     from draftline.core.dataset import load_training_set
-    from draftline.train.data import collate
 
     target = Qwen3ForCausalLM.from_pretrained(workdir / "target-model").eval()
     config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),
@@ -95,15 +96,13 @@ def _fresh_dflash2(workdir):
     torch.manual_seed(0)
     drafter = DFlashDrafter(config).bind(target)
     dataset, order, _ = load_training_set(workdir / "data" / "merged")
-    return target, drafter, collate(dataset, order[:4], 64, 0)
+    return target, drafter, collate(dataset, order[:4], 64)
 
 
 def test_the_selector_loss_trains_the_selector_alone(workdir):
     """The selector's loss reaches the selector's weights and leaves the drafter's layers to the block loss."""
     target, drafter, batch = _fresh_dflash2(workdir)
-    with torch.no_grad():
-        feats = target_features(target.model(batch.input_ids, attention_mask=batch.attention_mask,
-                                              output_hidden_states=True).hidden_states, [1, 3])
+    feats, _ = pack_features(target, batch, [1, 3])
 
     def grads(weight, gold_outside_top_k="drop"):
         drafter.zero_grad()
@@ -134,31 +133,27 @@ def test_the_selector_loss_trains_the_selector_alone(workdir):
 
 def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(workdir):
     """``selector_labels: target``: the selector's gold for token j is the target's argmax from position j - 1.
-    Where that choice is the data's token the loss and counts are exactly the data labels'; the real target's
-    choices (which differ from the data somewhere) give other counts; the block loss never changes."""
-    from draftline.train.objective import capture_features
-
+    On replies the target wrote greedily that choice is the data's token, so the loss and counts are exactly the
+    data labels'; on other replies the target's choices differ from the data somewhere and give other counts; the
+    block loss never changes."""
     target, drafter, batch = _fresh_dflash2(workdir)
-    feats, next_ids = capture_features(target, batch, [1, 3], next_ids=True)
-    with torch.no_grad():  # unmasked, as capture_features runs it (right padding: no real token sees a pad)
-        logits = target(batch.input_ids).logits
-    real = batch.attention_mask.bool()
-    assert not real.all() and torch.equal(next_ids[real], logits.argmax(-1).int()[real])
 
-    def stats(target_next):
+    def stats(pack, selector_labels):
+        feats, final = pack_features(target, pack, [1, 3], final=True)
         with torch.no_grad():
-            return dflash_loss(drafter, feats, batch, anchors_per_seq=4, gamma=4.0,
+            return dflash_loss(drafter, feats, pack, anchors_per_seq=4, gamma=4.0,
                                generator=torch.Generator().manual_seed(0), selector_weight=1.0,
-                               target_next=target_next)
+                               selector_labels=selector_labels, target_final=final)
 
-    data = stats(None)
-    echo = torch.cat([batch.input_ids[:, 1:], batch.input_ids[:, -1:]], dim=1).int()  # "the target" = the data
-    assert torch.equal(stats(echo).selector, data.selector)
-    real = stats(next_ids)
+    data, real = stats(batch, "data"), stats(batch, "target")
     assert not torch.equal(real.selector, data.selector)
     assert torch.equal(real.correct, data.correct)
     block_loss = float(data.loss) - float(data.selector[0])
     assert abs(float(real.loss) - float(real.selector[0]) - block_loss) < 1e-5
+    prompts = [ids[: int((~mask).sum())] for ids, mask in zip(batch.input_ids[0].split(
+        torch.bincount(batch.row_of[0]).tolist()), batch.loss_mask[0].split(torch.bincount(batch.row_of[0]).tolist()))]
+    greedy = collate(S.greedy_rows(target, [p.tolist() for p in prompts]), np.arange(4), 64)
+    assert torch.equal(stats(greedy, "target").selector, stats(greedy, "data").selector)
 
 
 def test_dflash2_trains_from_scratch_and_from_a_dflash1_drafter(tmp_path, workdir, train):

@@ -12,11 +12,14 @@ import numpy as np
 import torch
 
 
-def anchor_candidates(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Boolean ``[b, s]``: position ``a`` may anchor a block iff ``loss_mask[a]`` and ``loss_mask[a + 1]``."""
+def anchor_candidates(loss_mask: torch.Tensor, row_of: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean ``[b, s]``: position ``a`` may anchor a block iff ``loss_mask[a]`` and ``loss_mask[a + 1]``, both in
+    the same row (``row_of``: which row of a pack each token is; None: one row per line)."""
     mask = loss_mask.bool()
     ok = torch.zeros_like(mask)
     ok[:, :-1] = mask[:, :-1] & mask[:, 1:]
+    if row_of is not None:
+        ok[:, :-1] &= row_of[:, :-1] == row_of[:, 1:]
     return ok
 
 
@@ -27,24 +30,32 @@ def count_candidates(loss_mask: np.ndarray) -> int:
 
 
 def sample_anchors(
-    loss_mask: torch.Tensor, per_seq: int, generator: torch.Generator
+    loss_mask: torch.Tensor, per_row: int, generator: torch.Generator, row_of: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to ``per_seq`` distinct anchors per row, sorted, drawn uniformly among the candidates.
+    """Up to ``per_row`` distinct anchors in every row, drawn uniformly among its candidates, sorted by position.
 
-    Returns ``(anchors [b, n], keep [b, n])`` with ``n = min(per_seq, most candidates of any row)``; rows with
-    fewer candidates pad with position 0 and ``keep=False`` (such blocks get no loss).
+    A line of ``loss_mask`` ``[b, s]`` is one row, or a pack of rows told apart by ``row_of``. Returns ``(anchors
+    [b, n], keep [b, n])`` with ``n`` the most anchors of any line; lines with fewer pad with position 0 and
+    ``keep=False`` (such blocks get no loss).
     """
-    ok = anchor_candidates(loss_mask)
-    counts = ok.sum(dim=1)
-    n = int(min(per_seq, int(counts.max())))
-    if n == 0:
+    ok = anchor_candidates(loss_mask, row_of)
+    if not ok.any():
         raise ValueError("no row in the batch has two consecutive supervised tokens; the data filter should drop them")
-    # Uniform sampling without replacement: random keys on candidates, +inf elsewhere, take the n smallest.
-    keys = torch.rand(ok.shape, generator=generator, device=generator.device).to(ok.device)
-    keys = keys.masked_fill(~ok, float("inf"))
-    picked = keys.topk(n, dim=1, largest=False).indices
-    keep = torch.arange(n, device=ok.device)[None, :] < counts.clamp(max=n)[:, None]
-    # topk lists the candidates first, so the kept ones are exactly the real anchors; then sort them.
-    anchors = torch.where(keep, picked, torch.zeros_like(picked))
-    order = torch.where(keep, anchors, torch.full_like(anchors, ok.shape[1])).argsort(dim=1)
-    return anchors.gather(1, order), keep.gather(1, order)
+    row = torch.zeros_like(ok, dtype=torch.long) if row_of is None else row_of
+    # Uniform sampling without replacement within each row: random keys on candidates, sorted by (row, key); the
+    # first per_row of each row's run are its anchors.
+    keys = torch.rand(ok.shape, generator=generator, dtype=torch.float64, device=generator.device).to(ok.device)
+    keys = torch.where(ok, row.double() * 2 + keys, torch.full_like(keys, float("inf")))
+    sorted_keys, order = keys.sort(dim=1, stable=True)
+    sorted_row = row.gather(1, order)
+    index = torch.arange(ok.shape[1], device=ok.device).expand_as(order)
+    opens = torch.ones_like(ok)
+    opens[:, 1:] = sorted_row[:, 1:] != sorted_row[:, :-1]
+    rank = index - torch.where(opens, index, torch.zeros_like(index)).cummax(dim=1).values
+    picked = sorted_keys.isfinite() & (rank < per_row)
+    counts = picked.sum(dim=1)
+    n = int(counts.max())
+    # Each line's picked positions, ascending, then padded with (0, keep=False) up to n.
+    positions = torch.where(picked, order, torch.full_like(order, ok.shape[1])).sort(dim=1).values[:, :n]
+    keep = torch.arange(n, device=ok.device)[None, :] < counts[:, None]
+    return torch.where(keep, positions, torch.zeros_like(positions)), keep

@@ -1,19 +1,24 @@
-"""Training batches: rows filtered and truncated, bucketed by length, packed to a token budget, sharded by rank.
+"""Training steps: rows filtered and cut, shuffled every epoch and packed end to end into one sequence per step.
 
-The plan is a pure function of the data, the merge stage's row order and the params: the batch a rank trains
-on at step ``s`` can be recomputed from ``s`` alone, which is what makes resuming exact.
+The plan is a pure function of the data, the merge stage's row order and the params: the rows a rank trains on
+at step ``s`` can be recomputed from ``s`` alone, which is what makes resuming exact.
 
 * rows without two consecutive supervised tokens cannot anchor a block: counted and skipped;
 * rows longer than ``max_length`` are cut (their supervised tail past the cut is lost, counted);
-* rows are sorted by length (stable, so ties keep the merge order) and packed greedily into batches whose
-  padded size ``rows x longest`` stays within ``max_tokens_per_batch``: similar lengths share a batch, so
-  padding stays small and the memory of a batch is bounded by the budget;
-* each epoch shuffles the batches with ``seed + epoch``; rank ``r`` of ``w`` takes every w-th batch, and the
-  epoch is cut to a multiple of ``w`` so that every rank makes the same number of steps (DDP needs that).
+* every epoch shuffles the rows with ``(seed, epoch)`` and packs them, in that order, into packs of at most
+  ``max_tokens_per_batch`` tokens laid end to end (no padding); a row that does not fit the current pack opens the
+  next one. A step trains on one pack per rank: rows of every length and source share a step, and which rows share
+  one changes every epoch. (The plan before this one sorted rows by length into fixed batches: the same long tool
+  row alone in its step every epoch, short rows 17 to a step; docs/train.md, "How rows become steps", measures it.)
+  A pack's memory is bounded by the budget, whatever rows it holds;
+* rank ``r`` of ``w`` takes every w-th pack of an epoch, and the epoch is cut to a multiple of ``w`` so that every
+  rank makes the same number of steps (DDP needs that). Epochs may differ by a pack or two: the step -> epoch map
+  adds up each epoch's own count.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import datasets
@@ -30,7 +35,7 @@ _SCAN_ROWS = 1024
 
 
 class PlanError(Refusal, ValueError):
-    """The data and the params leave nothing to train on (no trainable row, fewer batches than ranks): the message
+    """The data and the params leave nothing to train on (no trainable row, fewer packs than ranks): the message
     says what to change."""
 
 
@@ -77,31 +82,24 @@ def _prefix_sum(flags: np.ndarray) -> np.ndarray:
     return out
 
 
-def pack_batches(rows: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Sort ``rows`` by length (longest first, stable) and pack them so that ``n x longest <= max_tokens``."""
-    order = np.argsort(-lengths[rows], kind="stable")
-    batches: list[np.ndarray] = []
-    current: list[int] = []
-    longest = 0
-    for r in rows[order]:
-        n = int(lengths[r])
-        if n > max_tokens:
-            raise PlanError(
-                f"a row of {n} tokens does not fit train.max_tokens_per_batch={max_tokens}; "
-                "raise the budget or lower train.max_length"
-            )
-        if current and (len(current) + 1) * max(longest, n) > max_tokens:
-            batches.append(np.array(current, dtype=np.int64))
-            current, longest = [], 0
-        current.append(int(r))
-        longest = max(longest, n)
-    if current:
-        batches.append(np.array(current, dtype=np.int64))
-    return batches
+def pack_rows(rows: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """``rows`` in their order, laid end to end into packs of at most ``max_tokens`` tokens; a row that would
+    overflow the current pack opens the next."""
+    sizes = lengths[rows]
+    if len(sizes) and int(sizes.max()) > max_tokens:
+        raise PlanError(f"a row of {int(sizes.max())} tokens does not fit train.max_tokens_per_batch={max_tokens}; "
+                        "raise the budget or lower train.max_length")
+    cuts, used = [], 0
+    for i, n in enumerate(sizes.tolist()):
+        if used + n > max_tokens:
+            cuts.append(i)
+            used = 0
+        used += n
+    return np.split(rows, cuts) if len(rows) else []
 
 
 class BatchPlan:
-    """Which rows each rank trains on at each step."""
+    """Which rows each rank trains on at each step: one pack of an epoch's shuffled rows."""
 
     def __init__(
         self,
@@ -115,9 +113,11 @@ class BatchPlan:
         skips: Skips | None = None,
     ):
         self.max_length = max_length
+        self.max_tokens = max_tokens_per_batch
         self.seed = seed
         self.world_size = world_size
-        self._epoch: tuple[int, np.ndarray] | None = None
+        self._epoch: tuple[int, list[np.ndarray]] | None = None
+        self._steps: list[int] = []  # steps of each epoch computed so far
         self.stats = scan_rows(dataset, max_length)
         order = np.asarray(order, dtype=np.int64)
         no_anchor = self.stats.anchors[order] == 0
@@ -127,66 +127,101 @@ class BatchPlan:
         self.rows = order[~no_anchor]
         if len(self.rows) == 0:
             raise PlanError("no training row has two consecutive supervised tokens: check the tokenize stage's loss masks")
-        self.batches = pack_batches(self.rows, self.stats.lengths, max_tokens_per_batch)
-        self.steps_per_epoch = len(self.batches) // world_size
-        if self.steps_per_epoch == 0:
+        if self.steps_in(0) == 0:
             raise PlanError(
-                f"{len(self.batches)} batch(es) cannot feed {world_size} ranks; "
-                "lower train.max_tokens_per_batch or train.gpus"
+                f"{len(self.packs(0))} pack(s) of train.max_tokens_per_batch={max_tokens_per_batch} tokens cannot "
+                f"feed {world_size} ranks; lower train.max_tokens_per_batch or train.gpus"
             )
 
     @property
     def tokens(self) -> int:
         return int(self.stats.lengths[self.rows].sum())
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """The batch indices of one epoch, shuffled with ``seed + epoch``, cut to a multiple of the world size.
-
-        The last epoch's is kept: a step costs no work proportional to the number of batches (the permutation
-        of 339K batches took 3.7 ms, paid at every step)."""
+    def packs(self, epoch: int) -> list[np.ndarray]:
+        """The packs of one epoch: the rows shuffled with ``(seed, epoch)``, packed in that order, cut to a multiple
+        of the world size. The last epoch's are kept: a step costs no work proportional to the number of rows."""
         if self._epoch is None or self._epoch[0] != epoch:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.batches))
-            self._epoch = (epoch, perm[: self.steps_per_epoch * self.world_size])
+            shuffled = np.random.default_rng([self.seed, epoch]).permutation(self.rows)
+            packs = pack_rows(shuffled, self.stats.lengths, self.max_tokens)
+            self._epoch = (epoch, packs[: len(packs) // self.world_size * self.world_size])
         return self._epoch[1]
 
-    def batch_rows(self, step: int, rank: int) -> np.ndarray:
-        """Row indices for ``rank`` at optimizer step ``step`` (0-based), across epochs."""
-        epoch, i = divmod(step, self.steps_per_epoch)
-        return self.batches[self.epoch_order(epoch)[i * self.world_size + rank]]
+    def steps_in(self, epoch: int) -> int:
+        """Optimizer steps of ``epoch`` (its packs over the world size), remembered once computed."""
+        while len(self._steps) <= epoch:
+            self._steps.append(len(self.packs(len(self._steps))) // self.world_size)
+        return self._steps[epoch]
 
-    def padded_shapes(self) -> list[tuple[int, int, int]]:
-        """``(rows, padded length, most anchor candidates of a row)`` of every batch: the memory planner's input."""
-        out = []
-        for b in self.batches:
-            out.append((len(b), int(self.stats.lengths[b].max()), int(self.stats.anchors[b].max())))
-        return out
+    @property
+    def steps_per_epoch(self) -> int:
+        """The first epoch's steps: what ``train.epochs`` and the loss curve's epoch column count in."""
+        return self.steps_in(0)
+
+    def total_steps(self, epochs: float) -> int:
+        """Steps of ``epochs`` passes: every whole epoch's own count, then the fraction of the next."""
+        whole = int(epochs)
+        return sum(self.steps_in(e) for e in range(whole)) + math.ceil((epochs - whole) * self.steps_in(whole))
+
+    def locate(self, step: int) -> tuple[int, int]:
+        """``(epoch, step within it)`` of a global step (0-based)."""
+        epoch = 0
+        while step >= self.steps_in(epoch):
+            step -= self.steps_in(epoch)
+            epoch += 1
+        return epoch, step
+
+    def epochs_at(self, step: int) -> float:
+        """Passes over the data after ``step`` steps: whole epochs, then the share of the current one."""
+        epoch, i = self.locate(step)
+        return epoch + i / self.steps_in(epoch)
+
+    def batch_rows(self, step: int, rank: int) -> np.ndarray:
+        """Row indices of ``rank``'s pack at optimizer step ``step`` (0-based), across epochs."""
+        epoch, i = self.locate(step)
+        return self.packs(epoch)[i * self.world_size + rank]
+
+    def pack_shapes(self, steps: int, anchors_per_seq: int) -> list[tuple[int, int, int]]:
+        """:func:`pack_shapes` of every pack the first ``steps`` steps train on, every rank's, in the order
+        ``(step, rank)``: the memory planner's input."""
+        packs: list[np.ndarray] = []
+        epoch = 0
+        while len(packs) < steps * self.world_size:
+            packs += self.packs(epoch)[: steps * self.world_size - len(packs)]
+            epoch += 1
+        return pack_shapes(packs, self.stats, anchors_per_seq)
+
+
+def pack_shapes(packs: list[np.ndarray], stats: RowStats, anchors_per_seq: int) -> list[tuple[int, int, int]]:
+    """``(tokens, longest row, anchors)`` of each pack: what its memory grows with (anchors: each row's candidates,
+    capped at ``anchors_per_seq``)."""
+    return [(int(stats.lengths[p].sum()), int(stats.lengths[p].max()),
+             int(np.minimum(stats.anchors[p], anchors_per_seq).sum())) for p in packs]
 
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor  # [b, s] long, right-padded
-    loss_mask: torch.Tensor  # [b, s] bool, False on padding
-    attention_mask: torch.Tensor  # [b, s] long, 0 on padding
+    """Rows laid end to end: ``[b, n]`` (b = 1 for a pack), each token with its row and its position in that row."""
+
+    input_ids: torch.Tensor  # [b, n] long
+    loss_mask: torch.Tensor  # [b, n] bool
+    row_of: torch.Tensor  # [b, n] long: which row of the pack a token belongs to (0, 1, ...)
+    positions: torch.Tensor  # [b, n] long: the token's position within its row (RoPE position, as served)
 
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.attention_mask.to(device))
+        return Batch(*(t.to(device) for t in (self.input_ids, self.loss_mask, self.row_of, self.positions)))
 
     @property
     def num_tokens(self) -> int:
-        return int(self.attention_mask.sum())
+        return int(self.input_ids.numel())
 
 
-def collate(dataset: datasets.Dataset, rows: np.ndarray, max_length: int, pad_token_id: int) -> Batch:
-    """Read ``rows``, cut them to ``max_length`` and right-pad them into one batch."""
+def collate(dataset: datasets.Dataset, rows: np.ndarray, max_length: int) -> Batch:
+    """Read ``rows``, cut them to ``max_length`` and lay them end to end into one pack ``[1, tokens]``."""
     data = dataset.select_columns(["input_ids", "loss_mask"])[[int(r) for r in rows]]
-    seqs = [ids[:max_length] for ids in data["input_ids"]]
-    masks = [m[:max_length] for m in data["loss_mask"]]
-    s = max(len(x) for x in seqs)
-    input_ids = torch.full((len(seqs), s), pad_token_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(seqs), s), dtype=torch.bool)
-    attention_mask = torch.zeros((len(seqs), s), dtype=torch.long)
-    for i, (ids, m) in enumerate(zip(seqs, masks)):
-        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
-        attention_mask[i, : len(ids)] = 1
-    return Batch(input_ids, loss_mask, attention_mask)
+    seqs = [torch.tensor(ids[:max_length], dtype=torch.long) for ids in data["input_ids"]]
+    masks = [torch.tensor(m[:max_length], dtype=torch.bool) for m in data["loss_mask"]]
+    lengths = torch.tensor([len(s) for s in seqs])
+    row_of = torch.repeat_interleave(torch.arange(len(seqs)), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    positions = torch.arange(int(lengths.sum())) - starts[row_of]
+    return Batch(torch.cat(seqs)[None], torch.cat(masks)[None], row_of[None], positions[None])

@@ -4,6 +4,11 @@ The drafter sees ``[context (s positions) | block 0 | block 1 | ...]`` as keys a
 queries. Block ``j`` (anchor ``a``) may see the context strictly before ``a`` (the target's features of
 tokens already accepted when ``a`` is the last accepted token) and its own block, in both directions; never
 another block. Block position ``k`` predicts token ``a + k``.
+
+The context may be a pack of rows laid end to end (:mod:`draftline.train.data`): then a block sees only its own
+row's context (from the row's first token, ``starts``), its positions are the anchor's position within its row
+(``positions``), and a label past the row's end (``row_of`` changes) has no weight: each row trains exactly as
+it would alone.
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ import torch
 
 
 def block_mask(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int, *,
-               causal: bool = False, window: int | None = None) -> torch.Tensor:
+               starts: torch.Tensor | None = None, causal: bool = False, window: int | None = None) -> torch.Tensor:
     """Boolean ``[b, 1, n*B, s + n*B]``, True where a block query may attend.
 
     Blocks without an anchor (``keep=False``) see only themselves: a query row with nothing visible would make
     attention NaN, and their loss weight is zero anyway. A sliding-window layer (``causal``, ``window``) sees only
     earlier block positions and keys less than ``window`` positions back, at their absolute positions, as its
     decoding mask (:func:`draftline.drafter.modeling_dflash.visibility`) does; the anchor always sees itself.
+    ``starts`` ``[b, n]``: where each anchor's row begins in a pack (None: at 0).
     """
     b, n = anchors.shape
     q = n * block_size
@@ -31,6 +37,8 @@ def block_mask(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, bloc
     anchor_of_q = anchors.repeat_interleave(block_size, dim=1)  # [b, q]
     keep_of_q = keep.repeat_interleave(block_size, dim=1)
     sees_context = (kv[None, None, :] < context_len) & (kv[None, None, :] < anchor_of_q[:, :, None]) & keep_of_q[:, :, None]
+    if starts is not None:
+        sees_context = sees_context & (kv[None, None, :] >= starts.repeat_interleave(block_size, dim=1)[:, :, None])
     kv_block = torch.where(kv >= context_len, (kv - context_len) // block_size, -1)
     kv_within = (kv - context_len) % block_size
     sees_block = kv_block[None, None, :] == q_block[None, :, None]
@@ -71,13 +79,16 @@ def block_targets(
     keep: torch.Tensor,
     block_size: int,
     gamma: float,
+    row_of: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels ``[b, n, B]`` (token ``a + k``) and weights ``[b, n, B]``.
 
-    A weight is the position weight where the label exists (inside the row), is supervised and the block is
-    kept; else 0. Past the end of a row the label is clamped and weighted 0.
+    A weight is the position weight where the label exists (inside the anchor's row: ``row_of`` in a pack), is
+    supervised and the block is kept; else 0. Past the end of a line the label is clamped and weighted 0.
     """
     inside = anchors[:, :, None] + torch.arange(block_size, device=anchors.device)[None, None, :] < input_ids.shape[1]
+    if row_of is not None:
+        inside = inside & (block_gather(row_of, anchors, block_size) == row_of.gather(1, anchors)[:, :, None])
     labels = block_gather(input_ids, anchors, block_size)
     supervised = block_gather(loss_mask.bool(), anchors, block_size)
     w = position_weights(block_size, gamma).to(anchors.device)[None, None, :]
@@ -93,7 +104,9 @@ def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, mask_token_id: 
     return ids.view(b, n * block_size)
 
 
-def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Absolute positions ``[b, n*B]`` of the block tokens: anchor + k."""
+def block_positions(anchors: torch.Tensor, block_size: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Positions ``[b, n*B]`` of the block tokens: the anchor's position (in its row: ``positions``; else its index)
+    + k."""
     b, n = anchors.shape
-    return (anchors[:, :, None] + torch.arange(block_size, device=anchors.device)).view(b, n * block_size)
+    base = anchors if positions is None else positions.gather(1, anchors)
+    return (base[:, :, None] + torch.arange(block_size, device=anchors.device)).view(b, n * block_size)

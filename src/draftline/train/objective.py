@@ -1,4 +1,4 @@
-"""One training forward: random blocks on the frozen target's features, and the decayed block cross-entropy."""
+"""One training forward: random blocks on the frozen target's features of a pack, and the decayed block loss."""
 
 from __future__ import annotations
 
@@ -12,42 +12,42 @@ from draftline.drafter.model import DFlashDrafter, target_features
 from draftline.drafter.modeling_dflash import FULL
 from draftline.train.anchors import sample_anchors
 from draftline.train.data import Batch
-from draftline.train.masks import block_gather, block_inputs, block_mask, block_positions, block_targets
+from draftline.train.masks import block_inputs, block_mask, block_positions, block_targets
 
 
 @torch.no_grad()
-def capture_features(target: nn.Module, batch: Batch, layer_ids: list[int],
-                     next_ids: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The target's hidden states of the chosen layers, computed online: ``[b, s, len(layer_ids) * hidden]``; with
-    ``next_ids``, also the target's own greedy next token at every position ``[b, s]`` (int32; DFlash 2's selector
-    labels under ``selector_labels: target``), else None.
+def capture_features(target: nn.Module, input_ids: torch.Tensor, layer_ids: list[int],
+                     final: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target's hidden states of the chosen layers over one row ``[1, n]``, computed online: ``[1, n,
+    len(layer_ids) * hidden]``; with ``final``, also its last hidden state ``[1, n, hidden]`` (after the final norm:
+    what its lm_head reads, so the target's own next-token distribution at every position), else None.
 
-    Runs the target's decoder only; the lm_head (whose logits would be the largest tensor of the pass) only for
-    ``next_ids``, over ``HEAD_CHUNK`` positions at a time, keeping just their argmax.
+    Runs the target's decoder only: the target's logits are formed later, at the few positions a loss reads.
     """
     decoder = target.get_decoder() if hasattr(target, "get_decoder") else target
-    # No attention mask: the rows are right-padded and the target causal, so no real token attends to a pad and the
-    # decoder runs its causal kernel unmasked (a padded row's real positions get what the row alone gets).
-    out = decoder(input_ids=batch.input_ids, output_hidden_states=True, use_cache=False)
-    features = target_features(out.hidden_states, layer_ids)
-    if not next_ids:
-        return features, None
-    head = target.get_output_embeddings()
-    final = out.hidden_states[-1]  # after the final norm: what the lm_head reads
-    return features, torch.cat([head(c).argmax(-1).int() for c in final.split(HEAD_CHUNK, dim=1)], dim=1)
+    out = decoder(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+    return target_features(out.hidden_states, layer_ids), (out.hidden_states[-1] if final else None)
 
 
-HEAD_CHUNK = 256  # positions per lm_head call: 256 x a 152K vocabulary x 4 bytes is 155 MB of logits per row
+def pack_features(target: nn.Module, batch: Batch, layer_ids: list[int],
+                  final: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`capture_features` of a pack: each row run alone (the target never sees another row, and a row's
+    features do not depend on the rows it is packed with), laid end to end as the pack is."""
+    lengths = torch.bincount(batch.row_of[0]).tolist()
+    parts = [capture_features(target, ids, layer_ids, final) for ids in batch.input_ids.split(lengths, dim=1)]
+    features = torch.cat([f for f, _ in parts], dim=1)
+    return features, (torch.cat([h for _, h in parts], dim=1) if final else None)
 
 
-def block_masks(drafter: DFlashDrafter, anchors: torch.Tensor, keep: torch.Tensor, context_len: int):
+def block_masks(drafter: DFlashDrafter, anchors: torch.Tensor, keep: torch.Tensor, context_len: int,
+                starts: torch.Tensor | None = None):
     """The training block mask of each layer type the drafter has: one tensor when every layer is full attention,
     else ``{layer type: mask}`` (a sliding layer's is causal and windowed as its attention is)."""
     masks = {}
     for layer in drafter.layers:
         attn = layer.self_attn
         if attn.layer_type not in masks:
-            masks[attn.layer_type] = block_mask(anchors, keep, context_len, drafter.block_size,
+            masks[attn.layer_type] = block_mask(anchors, keep, context_len, drafter.block_size, starts=starts,
                                                 causal=attn.is_causal, window=attn.sliding_window)
     return masks[FULL] if set(masks) == {FULL} else masks
 
@@ -61,6 +61,20 @@ class StepStats:
     selector: torch.Tensor | None = None
 
 
+def draft_blocks(drafter: nn.Module, features: torch.Tensor, batch: Batch, anchors: torch.Tensor,
+                 keep: torch.Tensor) -> torch.Tensor:
+    """The drafter's hidden states ``[b, n * B, hidden]`` of the blocks at ``anchors``: each block its anchor token
+    and B - 1 mask tokens at the anchor's positions in its row, seeing its row's context before the anchor."""
+    core: DFlashDrafter = getattr(drafter, "module", drafter)
+    B = core.block_size
+    ids = block_inputs(batch.input_ids, anchors, core.mask_token_id, B)
+    starts = anchors - batch.positions.gather(1, anchors)
+    positions = torch.cat([batch.positions, block_positions(anchors, B, batch.positions)], dim=1)
+    return drafter(position_ids=positions, attention_mask=block_masks(core, anchors, keep, batch.input_ids.shape[1],
+                                                                      starts),
+                   noise_embedding=core.embed(ids), target_hidden=features)
+
+
 def dflash_loss(
     drafter: nn.Module,
     features: torch.Tensor,
@@ -69,48 +83,58 @@ def dflash_loss(
     anchors_per_seq: int,
     gamma: float,
     generator: torch.Generator,
+    labels: str = "data",
+    target_final: torch.Tensor | None = None,
     selector_weight: float = 0.0,
+    selector_labels: str = "data",
     gold_outside_top_k: str = "drop",
-    target_next: torch.Tensor | None = None,
 ) -> StepStats:
-    """The DFlash objective on one batch, given the target's ``features`` of it (:func:`capture_features`).
+    """The DFlash objective on one pack, given the target's ``features`` of it (:func:`pack_features`).
 
-    DFlash 2's selector learns to pick the data's token, or with ``target_next`` (the target's greedy next token at
-    every position, ``[b, s]``) the target's own choice at that position.
+    Block position k of anchor a learns token a + k as ``labels`` says: ``data`` (cross-entropy on the data's
+    token), ``target_argmax`` (on the target's greedy choice there) or ``target_distribution`` (the KL divergence
+    from the target's whole next-token distribution to the drafter's: what verification by rejection sampling
+    accepts). The target's choices come from ``target_final``, its last hidden state ``[b, s, hidden]``, needed
+    by any label but ``data``; DFlash 2's selector learns the data's token or the target's greedy choice
+    (``selector_labels``).
 
-    ``drafter`` may be DDP-wrapped; ``drafter_module`` below is the bare :class:`DFlashDrafter`. Logits are only
-    computed where a label has weight, which keeps the vocabulary-sized tensor as small as it can be.
+    ``drafter`` may be DDP-wrapped; ``core`` below is the bare :class:`DFlashDrafter`. Logits are only computed
+    where a label has weight, which keeps the vocabulary-sized tensors as small as they can be.
     """
     core: DFlashDrafter = getattr(drafter, "module", drafter)
     B = core.block_size
-    anchors, keep = sample_anchors(batch.loss_mask, anchors_per_seq, generator)
+    anchors, keep = sample_anchors(batch.loss_mask, anchors_per_seq, generator, batch.row_of)
     s = batch.input_ids.shape[1]
-    ids = block_inputs(batch.input_ids, anchors, core.mask_token_id, B)
-    ctx_positions = torch.arange(s, device=ids.device).expand(ids.shape[0], s)
-    positions = torch.cat([ctx_positions, block_positions(anchors, B)], dim=1)
-    hidden = drafter(position_ids=positions, attention_mask=block_masks(core, anchors, keep, s),
-                     noise_embedding=core.embed(ids), target_hidden=features)
-    labels, weights = block_targets(batch.input_ids, batch.loss_mask, anchors, keep, B, gamma)
+    hidden = draft_blocks(drafter, features, batch, anchors, keep)
+    tokens, weights = block_targets(batch.input_ids, batch.loss_mask, anchors, keep, B, gamma, batch.row_of)
     used = weights.flatten() > 0
-    logits = core.logits(hidden.reshape(-1, hidden.shape[-1])[used]).float()
-    target_ids = labels.flatten()[used]
+    h = hidden.reshape(-1, hidden.shape[-1])[used]
+    logits = core.logits(h).float()
     w = weights.flatten()[used]
-    loss = (F.cross_entropy(logits, target_ids, reduction="none") * w).sum() / w.sum()
+    data_ids = tokens.flatten()[used]
+    target_logits = None
+    if target_final is not None:
+        # The target's distribution of token a + k is its output at position a + k - 1.
+        at = (anchors[:, :, None] + torch.arange(B, device=anchors.device) - 1).clamp(0, s - 1).flatten(1)
+        final = target_final.gather(1, at[:, :, None].expand(-1, -1, target_final.shape[-1]))
+        target_logits = core.logits(final.reshape(-1, final.shape[-1])[used]).float()
+    label_ids = data_ids if labels == "data" else target_logits.argmax(-1)
+    if labels == "target_distribution":
+        log_p = F.log_softmax(target_logits, dim=-1)
+        per_label = F.kl_div(F.log_softmax(logits, dim=-1), log_p, log_target=True, reduction="none").sum(-1)
+    else:
+        per_label = F.cross_entropy(logits, label_ids, reduction="none")
+    loss = (per_label * w).sum() / w.sum()
     with torch.no_grad():
-        pos = torch.arange(B, device=ids.device).repeat(labels.numel() // B)[used]
-        hit = (logits.argmax(-1) == target_ids).float()
-        correct = torch.zeros(B, device=ids.device).index_add_(0, pos, hit)
-        counted = torch.zeros(B, device=ids.device).index_add_(0, pos, torch.ones_like(hit))
-    selector = torch.zeros(4, device=ids.device)
+        pos = torch.arange(B, device=w.device).repeat(tokens.numel() // B)[used]
+        hit = (logits.argmax(-1) == label_ids).float()
+        correct = torch.zeros(B, device=w.device).index_add_(0, pos, hit)
+        counted = torch.zeros(B, device=w.device).index_add_(0, pos, torch.ones_like(hit))
+    selector = torch.zeros(4, device=w.device)
     if core.candidate_selector is not None:
         # The token before each label: the anchor at block position 1, the previous label after it (teacher forcing).
-        previous = torch.cat([labels[..., :1], labels[..., :-1]], dim=-1).flatten()[used]
-        h = hidden.reshape(-1, hidden.shape[-1])[used]
-        gold = target_ids
-        if target_next is not None:
-            # The target's choice for token j is its greedy prediction from position j - 1.
-            shifted = torch.cat([target_next[:, :1], target_next[:, :-1]], dim=1)
-            gold = block_gather(shifted, anchors, B).flatten()[used].long()
+        previous = torch.cat([tokens[..., :1], tokens[..., :-1]], dim=-1).flatten()[used]
+        gold = data_ids if selector_labels == "data" else target_logits.argmax(-1)
         sel_loss, selector = selector_loss(core, h, logits, previous, gold, w, gold_outside_top_k)
         loss = loss + selector_weight * sel_loss
     return StepStats(loss, correct, counted, selector)

@@ -47,6 +47,7 @@ class TrainParams(Params):
     sliding_window: int | None
     max_window_layers: int
     gamma: float
+    labels: Literal["data", "target_argmax", "target_distribution"]
     anchors_per_seq: int
     max_length: int
     max_tokens_per_batch: int

@@ -50,10 +50,10 @@ from draftline.drafter.model import (
     make_config,
     warm_start,
 )
-from draftline.train.data import Batch, BatchPlan, collate
+from draftline.train.data import Batch, BatchPlan, collate, pack_rows, pack_shapes
 from draftline.train.features import FeatureCache, cache_bytes
 from draftline.train.memory import GB, Preflight, Shapes, preflight
-from draftline.train.objective import capture_features, dflash_loss
+from draftline.train.objective import dflash_loss, pack_features
 from draftline.train.params import NOT_IN_KEY, TrainParams
 from draftline.train.state import load_latest, save_state, state_key
 
@@ -111,31 +111,29 @@ class Run:
     def loss(self, model, rows: np.ndarray, batch: Batch, generator, step: int = 0):
         with torch.autocast(self.d.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if self.features is not None:
-                features, next_ids = self.features.batch(rows, batch.input_ids.shape[1])
+                features, final = self.features.pack(rows)
             else:
-                features, next_ids = self.online_features(batch)
-            return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq,
-                               gamma=self.cfg.gamma, generator=generator, selector_weight=self.selector_weight(step),
-                               gold_outside_top_k=self.cfg.dflash2.gold_outside_top_k, target_next=next_ids)
+                features, final = pack_features(self.target, batch, self.drafter.target_layer_ids, self.needs_final)
+            return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq, gamma=self.cfg.gamma,
+                               generator=generator, labels=self.cfg.labels, target_final=final,
+                               selector_weight=self.selector_weight(step),
+                               selector_labels=self.cfg.dflash2.selector_labels,
+                               gold_outside_top_k=self.cfg.dflash2.gold_outside_top_k)
 
     @property
-    def target_labels(self) -> bool:
-        """DFlash 2's selector learns the target's own greedy choice (``selector_labels: target``)."""
-        return self.cfg.architecture == "dflash2" and self.cfg.dflash2.selector_labels == "target"
+    def needs_final(self) -> bool:
+        """Whether a label is the target's own choice (``labels`` other than data, or DFlash 2's ``selector_labels:
+        target``): then the target's last hidden state is kept beside its features."""
+        selector = self.cfg.architecture == "dflash2" and self.cfg.dflash2.selector_labels == "target"
+        return self.cfg.labels != "data" or selector
 
     @property
     def feature_bytes(self) -> int:
         """Bytes of the feature cache (0 when features are computed online)."""
-        if self.features is None:
-            return 0
-        ids = self.features.next_ids
-        return self.features.flat.numel() * self.features.flat.element_size() + (0 if ids is None else ids.numel() * 4)
-
-    def online_features(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return capture_features(self.target, batch, self.drafter.target_layer_ids, next_ids=self.target_labels)
+        return 0 if self.features is None else self.features.bytes
 
     def batch(self, rows: np.ndarray):
-        return collate(self.dataset, rows, self.cfg.max_length, self.info.pad_token_id or 0).to(self.d.device)
+        return collate(self.dataset, rows, self.cfg.max_length).to(self.d.device)
 
 
 class NonFiniteError(Refusal, FloatingPointError):
@@ -215,7 +213,7 @@ def prepare(cfg: TrainParams, merged: Path, target: Path, d: Dist, skips: Skips)
     skips.check_share(len(order), cfg.max_skip_share, "train.max_skip_share", {
         "no two consecutive supervised tokens": f"raise train.max_length ({cfg.max_length}) if the cut falls before "
                                                 "the rows' replies, else check the tokenize stage's loss masks"})
-    steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.epochs * plan.steps_per_epoch))
+    steps = cfg.max_steps if cfg.max_steps > 0 else max(1, plan.total_steps(cfg.epochs))
     warmup = max(1, math.ceil(cfg.warmup_ratio * steps))
     return Run(cfg, d, info, meta, dataset, plan, steps, warmup, skips)
 
@@ -268,19 +266,21 @@ def cache_features(run: Run) -> None:
     """The target's features of every row, computed once, when they fit ``train.feature_cache_gb`` (else online)."""
     cfg, d = run.cfg, run.d
     dtype = next(run.target.parameters()).dtype
-    width = len(run.drafter.target_layer_ids) * run.target.config.get_text_config().hidden_size
-    size = cache_bytes(run.plan, width, dtype.itemsize, run.target_labels)
+    hidden = run.target.config.get_text_config().hidden_size
+    width, final_width = len(run.drafter.target_layer_ids) * hidden, hidden if run.needs_final else 0
+    size = cache_bytes(run.plan, width, dtype.itemsize, final_width)
     if size > cfg.feature_cache_gb * GB:
         if d.main:
             log.info("target features computed online at every step: every row's would take %.2f GB, over "
                      "train.feature_cache_gb=%s", size / GB, cfg.feature_cache_gb)
         return
 
-    def features_of(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def features_of(row: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=run.autocast):
-            return run.online_features(run.batch(rows))
+            return pack_features(run.target, run.batch(np.array([row])), run.drafter.target_layer_ids,
+                                 run.needs_final)
 
-    run.features = FeatureCache.fill(run.plan, features_of, width, dtype, d.device, run.target_labels, show=d.main)
+    run.features = FeatureCache.fill(run.plan, features_of, width, final_width, dtype, d.device, show=d.main)
 
 
 def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
@@ -311,23 +311,26 @@ def _shapes(target: torch.nn.Module, drafter: DFlashDrafter, act_bytes: int, cac
 
 
 def check_memory(run: Run) -> Preflight:
-    """Refuse to start when the worst batch's peak memory exceeds ``memory_limit_gb`` (measured on a GPU)."""
+    """Refuse to start when the worst pack's peak memory exceeds ``memory_limit_gb`` (measured on a GPU)."""
     cfg, d, plan = run.cfg, run.d, run.plan
 
     def measure(index: int) -> int:
-        rows = plan.batches[index]
-        batch = run.batch(rows)
+        rows = plan.batch_rows(index // d.world, index % d.world)
         torch.cuda.reset_peak_memory_stats(d.device)
-        run.loss(run.drafter, rows, batch, torch.Generator().manual_seed(cfg.seed)).loss.backward()
+        run.loss(run.drafter, rows, run.batch(rows), torch.Generator().manual_seed(cfg.seed)).loss.backward()
         run.drafter.zero_grad(set_to_none=True)
         # Adam's two moments are allocated at the first real step: add them.
         return torch.cuda.max_memory_allocated(d.device) + 8 * sum(p.numel() for p in run.drafter.parameters())
 
+    def packs_at(budget: int) -> list[tuple[int, int, int]]:
+        shuffled = plan.packs(0)  # any epoch's rows: the packing at another budget, of the same order
+        return pack_shapes(pack_rows(np.concatenate(shuffled), plan.stats.lengths, budget), plan.stats,
+                           cfg.anchors_per_seq)
+
     check = preflight(
-        _shapes(run.target, run.drafter, 2 if run.autocast else 4, run.feature_bytes), plan.padded_shapes(),
-        anchors_per_seq=cfg.anchors_per_seq, limit_gb=cfg.memory_limit_gb, budget=cfg.max_tokens_per_batch,
-        rows=plan.rows, lengths=plan.stats.lengths, anchors=plan.stats.anchors,
-        measure=measure if d.device.type == "cuda" else None,
+        _shapes(run.target, run.drafter, 2 if run.autocast else 4, run.feature_bytes),
+        plan.pack_shapes(run.steps_total, cfg.anchors_per_seq), limit_gb=cfg.memory_limit_gb,
+        budget=cfg.max_tokens_per_batch, packs_at=packs_at, measure=measure if d.device.type == "cuda" else None,
     )
     if d.main:
         log.info("memory preflight passed: %s", check.as_dict())
@@ -370,7 +373,7 @@ def fit(run: Run, progress: Progress, folder: Path) -> None:
         progress.step = done = step + 1
         progress.seconds = time.perf_counter() - t0
         if (done % cfg.log_every == 0 or done == run.steps_total) and len(progress.window):
-            progress.history.append(_history_row(done, run.plan.steps_per_epoch, lr, grad_norm, progress.window, B))
+            progress.history.append(_history_row(done, run.plan.epochs_at(done), lr, grad_norm, progress.window, B))
             progress.window = np.zeros((0, window_width(B)))
         if d.main and (done % cfg.save_every == 0 or done == run.steps_total):
             save(run, folder, done, progress)
@@ -433,7 +436,7 @@ def window_width(B: int) -> int:
     return 2 * B + 6
 
 
-def _history_row(step: int, steps_per_epoch: int, lr: float, grad_norm: float, window: np.ndarray, B: int) -> dict:
+def _history_row(step: int, epochs: float, lr: float, grad_norm: float, window: np.ndarray, B: int) -> dict:
     """One line of the loss curve (the stage's ``--plot``): means over the steps since the previous line; DFlash 2
     adds its selector's loss, top-K recall (the gold among the candidates) and accuracy (the selector picks it)."""
     correct, counted = window[:, 2 : 2 + B].sum(0), window[:, 2 + B : 2 + 2 * B].sum(0)
@@ -445,7 +448,7 @@ def _history_row(step: int, steps_per_epoch: int, lr: float, grad_norm: float, w
                  "selector_accuracy": round(float(selector[:, 2].sum() / selector[:, 3].sum()), 6)}
     return {
         "step": step,
-        "epoch": round(step / steps_per_epoch, 4),
+        "epoch": round(epochs, 4),
         "loss": round(float(window[:, 0].mean()), 6),
         "accuracy_pos1": round(float(correct[1] / max(counted[1], 1)), 6),
         "lr": float(f"{lr:.6g}"),
@@ -489,7 +492,7 @@ def finish(run: Run, progress: Progress, check: Preflight, args: TrainArgs, stag
     )
     stage.details.update(
         **stage.headline,
-        epochs=round(run.steps_total / plan.steps_per_epoch, 4),
+        epochs=round(plan.epochs_at(run.steps_total), 4),
         loss_tokens_kept=plan.stats.kept_loss_tokens,
         loss_tokens_cut=plan.stats.cut_loss_tokens,
         first_loss=history[0]["loss"],

@@ -1,0 +1,104 @@
+"""Packs: rows laid end to end train exactly as each would alone, and every label the objective can learn."""
+
+from __future__ import annotations
+
+import copy
+
+import datasets
+import drafter_support as S
+import numpy as np
+import pytest
+import torch
+
+from draftline.core.target import load_model, load_target
+from draftline.drafter.model import DFlashDrafter, make_config
+from draftline.train.anchors import anchor_candidates, sample_anchors
+from draftline.train.data import collate
+from draftline.train.objective import dflash_loss, draft_blocks, pack_features
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pack")
+    info = load_target(S.make_target(root))
+    target = load_model(info, dtype=torch.float32, device="cpu").requires_grad_(False)
+    torch.manual_seed(0)
+    config = make_config(target.config, num_layers=2, block_size=4, mask_token_id=S.MASK_ID,
+                         target_layer_ids=[1, 3], lineage=S.lineage(info))
+    return target, DFlashDrafter(config).bind(target)
+
+
+def _dataset(n: int = 3) -> datasets.Dataset:
+    return datasets.Dataset.from_dict({k: v for k, v in S.make_rows(n, seed=5).items()
+                                       if k in ("input_ids", "loss_mask")})
+
+
+def test_each_packed_row_gets_what_it_gets_alone(models):
+    """Features, block hidden states: a row's blocks in a pack see only their own row, at their own positions."""
+    target, drafter = models
+    ds = _dataset()
+    pack = collate(ds, np.array([0, 1, 2]), 64)
+    features, final = pack_features(target, pack, drafter.target_layer_ids, final=True)
+    anchors, keep = sample_anchors(pack.loss_mask, 3, torch.Generator().manual_seed(0), pack.row_of)
+    packed = draft_blocks(drafter, features, pack, anchors, keep)
+    starts = (pack.positions == 0).nonzero()[:, 1].tolist()
+    for r in range(3):
+        alone = collate(ds, np.array([r]), 64)
+        f, h = pack_features(target, alone, drafter.target_layer_ids, final=True)
+        n = alone.num_tokens
+        assert torch.equal(f[0], features[0, starts[r]: starts[r] + n])  # the target ran on the row alone
+        assert torch.equal(h[0], final[0, starts[r]: starts[r] + n])
+        mine = (pack.row_of[0, anchors[0]] == r).nonzero().flatten()
+        own = (anchors[0, mine] - starts[r])[None]
+        hidden = draft_blocks(drafter, f, alone, own, torch.ones_like(own, dtype=torch.bool))
+        blocks = torch.cat([packed[0, 4 * j: 4 * j + 4] for j in mine.tolist()])
+        torch.testing.assert_close(blocks, hidden[0], atol=1e-5, rtol=1e-5)
+
+
+def test_anchors_stay_in_their_rows_up_to_the_cap_per_row():
+    ds = _dataset()
+    pack = collate(ds, np.array([0, 1, 2]), 64)
+    ok = anchor_candidates(pack.loss_mask, pack.row_of)[0]
+    assert not ok[:-1][pack.row_of[0, 1:] != pack.row_of[0, :-1]].any()  # never across a row's end
+    per_row = ok.long().new_zeros(3).index_add_(0, pack.row_of[0], ok.long())
+    for seed in range(20):
+        anchors, keep = sample_anchors(pack.loss_mask, 5, torch.Generator().manual_seed(seed), pack.row_of)
+        assert keep.all() and ok[anchors[0]].all() and (anchors[0].diff() > 0).all()
+        got = torch.bincount(pack.row_of[0, anchors[0]], minlength=3)
+        assert got.tolist() == per_row.clamp(max=5).tolist()
+
+
+def _greedy_rows(target, n: int) -> datasets.Dataset:
+    ds = _dataset(n)
+    return S.greedy_rows(target, [ids[: mask.index(True)] for ids, mask in zip(ds["input_ids"], ds["loss_mask"])])
+
+
+def _loss(drafter, target, pack, labels: str, seed: int = 1):
+    features, final = pack_features(target, pack, drafter.target_layer_ids, final=labels != "data")
+    return dflash_loss(drafter, features, pack, anchors_per_seq=4, gamma=4.0, generator=torch.Generator().manual_seed(seed),
+                       labels=labels, target_final=final)
+
+
+def test_target_labels_are_the_targets_own_next_token_at_each_position(models):
+    """On replies the target itself wrote greedily, its argmax at a + k - 1 is the data's token a + k: both labels
+    give the same loss and hits, bit for bit. On other replies they differ."""
+    target, drafter = models
+    greedy = collate(_greedy_rows(target, 3), np.array([0, 1, 2]), 64)
+    a, b = _loss(drafter, target, greedy, "data"), _loss(drafter, target, greedy, "target_argmax")
+    assert torch.equal(a.loss, b.loss) and torch.equal(a.correct, b.correct)
+    other = collate(_dataset(), np.array([0, 1, 2]), 64)
+    assert not torch.equal(_loss(drafter, target, other, "data").loss, _loss(drafter, target, other, "target_argmax").loss)
+
+
+def test_the_target_distribution_loss_is_a_kl_that_training_lowers(models):
+    target, drafter = models
+    drafter = copy.deepcopy(drafter)
+    pack = collate(_dataset(), np.array([0, 1, 2]), 64)
+    before = _loss(drafter, target, pack, "target_distribution")
+    assert before.loss > 0
+    optimizer = torch.optim.Adam([p for p in drafter.parameters() if p.requires_grad], lr=3e-3)
+    for _ in range(20):
+        optimizer.zero_grad()
+        _loss(drafter, target, pack, "target_distribution").loss.backward()
+        optimizer.step()
+    assert 0 < _loss(drafter, target, pack, "target_distribution").loss < 0.8 * before.loss
