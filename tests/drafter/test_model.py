@@ -11,7 +11,6 @@ from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config, target_features
-from draftline.train.masks import block_inputs, block_positions
 
 
 @pytest.fixture(scope="module")
@@ -107,18 +106,15 @@ def variant(request, pair):
 def test_training_blocks_match_decoding(variant):
     """A block trained at anchor a sees exactly what decoding shows it when a is the last accepted token: the
     convolutions never reach into the previous block, a sliding layer's training mask is its decoding mask."""
-    from draftline.train.objective import block_masks
+    from draftline.train.data import Batch
+    from draftline.train.objective import draft_blocks
 
     _, drafter, ids, feats = variant
     B, s = drafter.block_size, ids.shape[1]
-    anchors, keep = torch.tensor([[3, 10, 15]]), torch.ones(1, 3, dtype=torch.bool)
+    anchors = torch.tensor([[3, 10, 15]])
+    row = Batch(ids, torch.ones_like(ids, dtype=torch.bool), torch.zeros_like(ids), torch.arange(s)[None])
     with torch.no_grad():
-        hidden = drafter(
-            position_ids=torch.cat([torch.arange(s)[None], block_positions(anchors, B)], 1),
-            attention_mask=block_masks(drafter, anchors, keep, s),
-            noise_embedding=drafter.embed(block_inputs(ids, anchors, drafter.mask_token_id, B)), target_hidden=feats,
-        )
-        train_logits = drafter.logits(hidden).view(1, 3, B, -1)[:, :, 1:]
+        train_logits = drafter.logits(draft_blocks(drafter, feats, row, anchors)).view(1, 3, B, -1)[:, :, 1:]
     for j, a in enumerate(anchors[0].tolist()):
         decode = drafter.draft_logits(feats[:, :a], ids[:, a], drafter.new_cache())
         torch.testing.assert_close(train_logits[:, j], decode, rtol=1e-4, atol=1e-5)

@@ -14,6 +14,7 @@ from draftline.core.target import load_model, load_target
 from draftline.drafter.model import DFlashDrafter, make_config
 from draftline.train.anchors import anchor_candidates, sample_anchors
 from draftline.train.data import collate
+from draftline.train.masks import block_mask, row_masks
 from draftline.train.objective import dflash_loss, draft_blocks, pack_features
 
 
@@ -40,7 +41,7 @@ def test_each_packed_row_gets_what_it_gets_alone(models):
     pack = collate(ds, np.array([0, 1, 2]), 64)
     features, final = pack_features(target, pack, drafter.target_layer_ids, final=True)
     anchors, keep = sample_anchors(pack.loss_mask, 3, torch.Generator().manual_seed(0), pack.row_of)
-    packed = draft_blocks(drafter, features, pack, anchors, keep)
+    packed = draft_blocks(drafter, features, pack, anchors)
     starts = (pack.positions == 0).nonzero()[:, 1].tolist()
     for r in range(3):
         alone = collate(ds, np.array([r]), 64)
@@ -50,7 +51,7 @@ def test_each_packed_row_gets_what_it_gets_alone(models):
         assert torch.equal(h[0], final[0, starts[r]: starts[r] + n])
         mine = (pack.row_of[0, anchors[0]] == r).nonzero().flatten()
         own = (anchors[0, mine] - starts[r])[None]
-        hidden = draft_blocks(drafter, f, alone, own, torch.ones_like(own, dtype=torch.bool))
+        hidden = draft_blocks(drafter, f, alone, own)
         blocks = torch.cat([packed[0, 4 * j: 4 * j + 4] for j in mine.tolist()])
         torch.testing.assert_close(blocks, hidden[0], atol=1e-5, rtol=1e-5)
 
@@ -102,3 +103,21 @@ def test_the_target_distribution_loss_is_a_kl_that_training_lowers(models):
         _loss(drafter, target, pack, "target_distribution").loss.backward()
         optimizer.step()
     assert 0 < _loss(drafter, target, pack, "target_distribution").loss < 0.8 * before.loss
+
+
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, 5), (False, 7)])
+def test_row_by_row_attention_is_the_dense_masks_attention(causal, window):
+    """RowMasks computes, row by row, exactly what one dense mask over the whole pack allows."""
+    ds = _dataset(4)
+    pack = collate(ds, np.array([3, 0, 2, 1]), 64)
+    anchors, keep = sample_anchors(pack.loss_mask, 3, torch.Generator().manual_seed(2), pack.row_of)
+    starts = anchors - pack.positions.gather(1, anchors)
+    s, B = pack.num_tokens, 4
+    rows = row_masks(anchors, starts, s, B, causal=causal, window=window)
+    dense = block_mask(anchors, keep, s, B, starts=starts, causal=causal, window=window)
+    assert len(rows.masks) == 4
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, anchors.shape[1] * B, 8, generator=g)
+    k, v = torch.randn(1, 2, s + q.shape[2], 8, generator=g), torch.randn(1, 2, s + q.shape[2], 8, generator=g)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.3)
+    torch.testing.assert_close(rows.attend(q, k, v, 0.3), expected, atol=1e-6, rtol=1e-5)

@@ -115,7 +115,8 @@ class DFlashAttention(nn.Module):
 
     def forward(self, h, ctx, cos, sin, mask=None, cache=None) -> torch.Tensor:
         """``h`` [b, q, hidden]: the normed block states; ``ctx`` [b, n, hidden]: the projected context;
-        ``cos`` / ``sin`` [b, n + q, head_dim]: RoPE of the context then the block; ``mask`` [b, 1, q, keys] or None."""
+        ``cos`` / ``sin`` [b, n + q, head_dim]: RoPE of the context then the block; ``mask`` [b, 1, q, keys], None,
+        or an object whose ``attend(q, k, v, scale)`` computes the attention itself (training's packs of rows)."""
         b, q_len = h.shape[:2]
         q = rotate(self.q_norm(self._heads(self.q_proj(h))).transpose(1, 2), cos[:, -q_len:], sin[:, -q_len:])
         x = torch.cat([ctx, h], dim=1)
@@ -127,7 +128,10 @@ class DFlashAttention(nn.Module):
             mask = visibility(q_len, k.shape[2], causal=self.is_causal, window=self.sliding_window, device=h.device)
         if self.n_rep > 1:
             k, v = k.repeat_interleave(self.n_rep, dim=1), v.repeat_interleave(self.n_rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        if hasattr(mask, "attend"):  # training's packs: each row's blocks attend to that row's keys alone
+            out = mask.attend(q, k, v, self.head_dim**-0.5)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
@@ -263,8 +267,9 @@ class DFlashModules(nn.Module):
         ``noise_embedding`` [b, q, hidden]: the block tokens embedded by the target (one block, or training's many);
         ``target_hidden`` [b, n, len(target_layer_ids) * hidden]: the target's features of the n context tokens
         new to this call; ``position_ids`` [b, n + q]: absolute positions of the context then the block;
-        ``attention_mask``: None (each layer builds its own, from the cache length), a boolean [b, 1, q, keys] for
-        every layer, or ``{layer type: mask}``; ``past_key_values``: a transformers cache that takes this call's
+        ``attention_mask``: None (each layer builds its own, from the cache length), a boolean [b, 1, q, keys] (or
+        an object with ``attend``: :meth:`DFlashAttention.forward`) for every layer, or ``{layer type: mask}``;
+        ``past_key_values``: a transformers cache that takes this call's
         context and block keys (crop it back to the accepted length after)."""
         ctx = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
         h = noise_embedding.to(ctx.dtype)

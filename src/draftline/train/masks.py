@@ -14,8 +14,10 @@ it would alone.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 def block_mask(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int, *,
@@ -50,6 +52,54 @@ def block_mask(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, bloc
         back = q_within[None, :, None] - kv_within[None, None, :]
         sees_block = sees_block & (back < window) & (causal | (-back < window))
     return (sees_context | sees_block)[:, None]
+
+
+@dataclass
+class RowMasks:
+    """The block attention of a pack ``[1, ...]``, row by row: row r's block queries see only the keys of its own
+    context (its first token up to its last anchor) and of its own blocks, through its :func:`block_mask`. What a
+    dense mask over the whole pack would give, without the work of every block against every other row's keys
+    (quadratic in the rows a pack holds). The drafter's attention calls :meth:`attend`.
+
+    The key axis ``[context | blocks]`` is cut once into consecutive pieces (``key_pieces``), row r's context and
+    blocks each one piece: a split's backward is one concatenation, where slicing each row's keys out would
+    allocate a full-size zero gradient per slice."""
+
+    query_pieces: list[int]  # block queries of each row
+    key_pieces: list[int]  # sizes of the consecutive pieces of the key axis
+    rows: list[tuple[int, int]]  # (context piece, block piece) of each row, indices into key_pieces
+    masks: list[torch.Tensor]  # [1, 1, its queries, its context + its queries] of each row
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attention of ``q`` [1, heads, queries, d] over ``k`` / ``v`` [1, heads, context + queries, d]."""
+        ks, vs = k.split(self.key_pieces, dim=2), v.split(self.key_pieces, dim=2)
+        out = []
+        for q_row, (c, b), mask in zip(q.split(self.query_pieces, dim=2), self.rows, self.masks):
+            keys, values = torch.cat([ks[c], ks[b]], dim=2), torch.cat([vs[c], vs[b]], dim=2)
+            out.append(F.scaled_dot_product_attention(q_row, keys, values, attn_mask=mask, scale=scale))
+        return torch.cat(out, dim=2)
+
+
+def row_masks(anchors: torch.Tensor, starts: torch.Tensor, context_len: int, block_size: int, *,
+              causal: bool = False, window: int | None = None) -> RowMasks:
+    """:class:`RowMasks` of a pack's sorted ``anchors`` ``[1, n]`` (every block kept) whose rows begin at ``starts``
+    ``[1, n]``."""
+    if anchors.shape[0] != 1:
+        raise ValueError(f"row masks are for one pack (a batch of 1), got {anchors.shape[0]}")
+    a, st = anchors[0], starts[0]
+    bounds = [0, *((st[1:] != st[:-1]).nonzero().flatten() + 1).tolist(), len(a)]
+    context_pieces, queries, masks, at = [], [], [], 0
+    for i, j in zip(bounds, bounds[1:]):
+        c0, c1 = int(st[i]), int(a[j - 1])
+        own = (a[i:j] - c0)[None]
+        masks.append(block_mask(own, torch.ones_like(own, dtype=torch.bool), c1 - c0, block_size, causal=causal,
+                                window=window))
+        context_pieces += [c0 - at, c1 - c0]  # the gap before the row's context, then its context
+        queries.append((j - i) * block_size)
+        at = c1
+    key_pieces = [*context_pieces, context_len - at, *queries]
+    rows = [(2 * r + 1, len(context_pieces) + 1 + r) for r in range(len(queries))]
+    return RowMasks(queries, key_pieces, rows, masks)
 
 
 def position_weights(block_size: int, gamma: float) -> torch.Tensor:

@@ -12,7 +12,7 @@ from draftline.drafter.model import DFlashDrafter, target_features
 from draftline.drafter.modeling_dflash import FULL
 from draftline.train.anchors import sample_anchors
 from draftline.train.data import Batch
-from draftline.train.masks import block_inputs, block_mask, block_positions, block_targets
+from draftline.train.masks import block_inputs, block_positions, block_targets, row_masks
 
 
 @torch.no_grad()
@@ -39,16 +39,16 @@ def pack_features(target: nn.Module, batch: Batch, layer_ids: list[int],
     return features, (torch.cat([h for _, h in parts], dim=1) if final else None)
 
 
-def block_masks(drafter: DFlashDrafter, anchors: torch.Tensor, keep: torch.Tensor, context_len: int,
-                starts: torch.Tensor | None = None):
-    """The training block mask of each layer type the drafter has: one tensor when every layer is full attention,
-    else ``{layer type: mask}`` (a sliding layer's is causal and windowed as its attention is)."""
+def block_masks(drafter: DFlashDrafter, anchors: torch.Tensor, starts: torch.Tensor, context_len: int):
+    """The training attention of each layer type the drafter has, row by row (:func:`row_masks`): one when every
+    layer is full attention, else ``{layer type: masks}`` (a sliding layer's are causal and windowed as its attention
+    is)."""
     masks = {}
     for layer in drafter.layers:
         attn = layer.self_attn
         if attn.layer_type not in masks:
-            masks[attn.layer_type] = block_mask(anchors, keep, context_len, drafter.block_size, starts=starts,
-                                                causal=attn.is_causal, window=attn.sliding_window)
+            masks[attn.layer_type] = row_masks(anchors, starts, context_len, drafter.block_size,
+                                               causal=attn.is_causal, window=attn.sliding_window)
     return masks[FULL] if set(masks) == {FULL} else masks
 
 
@@ -61,17 +61,16 @@ class StepStats:
     selector: torch.Tensor | None = None
 
 
-def draft_blocks(drafter: nn.Module, features: torch.Tensor, batch: Batch, anchors: torch.Tensor,
-                 keep: torch.Tensor) -> torch.Tensor:
-    """The drafter's hidden states ``[b, n * B, hidden]`` of the blocks at ``anchors``: each block its anchor token
-    and B - 1 mask tokens at the anchor's positions in its row, seeing its row's context before the anchor."""
+def draft_blocks(drafter: nn.Module, features: torch.Tensor, batch: Batch, anchors: torch.Tensor) -> torch.Tensor:
+    """The drafter's hidden states ``[1, n * B, hidden]`` of the blocks at a pack's sorted ``anchors`` ``[1, n]``:
+    each block its anchor token and B - 1 mask tokens at the anchor's positions in its row, seeing its row's context
+    before the anchor."""
     core: DFlashDrafter = getattr(drafter, "module", drafter)
     B = core.block_size
     ids = block_inputs(batch.input_ids, anchors, core.mask_token_id, B)
     starts = anchors - batch.positions.gather(1, anchors)
     positions = torch.cat([batch.positions, block_positions(anchors, B, batch.positions)], dim=1)
-    return drafter(position_ids=positions, attention_mask=block_masks(core, anchors, keep, batch.input_ids.shape[1],
-                                                                      starts),
+    return drafter(position_ids=positions, attention_mask=block_masks(core, anchors, starts, batch.input_ids.shape[1]),
                    noise_embedding=core.embed(ids), target_hidden=features)
 
 
@@ -105,7 +104,7 @@ def dflash_loss(
     B = core.block_size
     anchors, keep = sample_anchors(batch.loss_mask, anchors_per_seq, generator, batch.row_of)
     s = batch.input_ids.shape[1]
-    hidden = draft_blocks(drafter, features, batch, anchors, keep)
+    hidden = draft_blocks(drafter, features, batch, anchors)
     tokens, weights = block_targets(batch.input_ids, batch.loss_mask, anchors, keep, B, gamma, batch.row_of)
     used = weights.flatten() > 0
     h = hidden.reshape(-1, hidden.shape[-1])[used]
@@ -135,22 +134,25 @@ def dflash_loss(
         # The token before each label: the anchor at block position 1, the previous label after it (teacher forcing).
         previous = torch.cat([tokens[..., :1], tokens[..., :-1]], dim=-1).flatten()[used]
         gold = data_ids if selector_labels == "data" else target_logits.argmax(-1)
-        sel_loss, selector = selector_loss(core, h, logits, previous, gold, w, gold_outside_top_k)
+        soft = target_logits if selector_labels == "target_distribution" else None
+        sel_loss, selector = selector_loss(core, h, logits, previous, gold, w, gold_outside_top_k, soft)
         loss = loss + selector_weight * sel_loss
     return StepStats(loss, correct, counted, selector)
 
 
 def selector_loss(core: DFlashDrafter, hidden: torch.Tensor, logits: torch.Tensor, previous: torch.Tensor,
-                  gold: torch.Tensor, weights: torch.Tensor,
-                  gold_outside_top_k: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """DFlash 2's selector objective: a K-way cross-entropy over each position's top-K candidates, the gold token's
-    index the label, weighted by the block position's weight.
+                  gold: torch.Tensor, weights: torch.Tensor, gold_outside_top_k: str,
+                  target_logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DFlash 2's selector objective: a K-way cross-entropy over each position's top-K candidates, weighted by the
+    block position's weight. Its label is the gold token's index, or with ``target_logits`` the target's whole
+    distribution over the candidates (renormalised to them): the selector then learns the target's own choice
+    among them for greedy walks and its probabilities for sampled ones (q = softmax of the scores).
 
     The drafter's hidden states and logits enter detached: the block loss alone trains the layers (and the
     convolutions), the selector loss trains the selector, so a warm-started DFlash 2 drafter's layers learn what a
-    DFlash 1 drafter's would. A gold token outside the top K is dropped (no selector loss there) or inserted in place
-    of the K-th candidate (``gold_outside_top_k``). Returns the loss and ``[loss, gold in top K, selector picks gold,
-    labels]`` (sums over the batch, for the loss curve)."""
+    DFlash 1 drafter's would. A hard gold token outside the top K is dropped (no selector loss there) or inserted in
+    place of the K-th candidate (``gold_outside_top_k``). Returns the loss and ``[loss, gold in top K, selector picks
+    gold, labels]`` (sums over the batch, for the loss curve)."""
     selector = core.candidate_selector
     hidden, logits = hidden.detach(), logits.detach()
     unary, candidates = selector.candidates(logits)
@@ -158,7 +160,9 @@ def selector_loss(core: DFlashDrafter, hidden: torch.Tensor, logits: torch.Tenso
     in_top = is_gold.any(-1)
     label = is_gold.float().argmax(-1)
     keep = in_top
-    if gold_outside_top_k == "insert":
+    if target_logits is not None:
+        keep = torch.ones_like(in_top)
+    elif gold_outside_top_k == "insert":
         last = selector.top_k - 1
         out = ~in_top
         candidates[out, last] = gold[out]
@@ -167,7 +171,11 @@ def selector_loss(core: DFlashDrafter, hidden: torch.Tensor, logits: torch.Tenso
         keep = torch.ones_like(in_top)
     scores = selector.scores(selector.hidden_projection(hidden), previous, candidates, unary).float()
     w = weights * keep.float()
-    ce = F.cross_entropy(scores, label, reduction="none")
+    if target_logits is None:
+        ce = F.cross_entropy(scores, label, reduction="none")
+    else:
+        soft = F.softmax(target_logits.detach().gather(-1, candidates), dim=-1)
+        ce = -(soft * F.log_softmax(scores, dim=-1)).sum(-1)
     loss = (ce * w).sum() / w.sum().clamp_min(1e-9)
     with torch.no_grad():
         picks = (scores.argmax(-1) == label) & in_top

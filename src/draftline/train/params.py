@@ -22,7 +22,7 @@ class DFlash2Params(Params):
     selector_top_k: int
     selector_loss_weight: float
     selector_warmup_ratio: float
-    selector_labels: Literal["data", "target"]
+    selector_labels: Literal["data", "target", "target_distribution"]
     gold_outside_top_k: Literal["drop", "insert"]
 
     def validate(self, where: str) -> None:

@@ -122,9 +122,9 @@ class Run:
 
     @property
     def needs_final(self) -> bool:
-        """Whether a label is the target's own choice (``labels`` other than data, or DFlash 2's ``selector_labels:
-        target``): then the target's last hidden state is kept beside its features."""
-        selector = self.cfg.architecture == "dflash2" and self.cfg.dflash2.selector_labels == "target"
+        """Whether a label is the target's own (``labels`` or DFlash 2's ``selector_labels`` other than data): then
+        the target's last hidden state is kept beside its features."""
+        selector = self.cfg.architecture == "dflash2" and self.cfg.dflash2.selector_labels != "data"
         return self.cfg.labels != "data" or selector
 
     @property
