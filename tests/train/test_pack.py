@@ -69,6 +69,22 @@ def test_anchors_stay_in_their_rows_up_to_the_cap_per_row():
         assert got.tolist() == per_row.clamp(max=5).tolist()
 
 
+def test_anchors_per_token_follow_each_rows_candidates():
+    """per_token: the pack's anchors (per_row x rows of them) fall on rows in proportion to their candidates."""
+    ds = datasets.Dataset.from_dict({"input_ids": [list(range(40)), list(range(10))],
+                                     "loss_mask": [[False] * 4 + [True] * 36, [False] * 4 + [True] * 6]})
+    pack = collate(ds, np.array([0, 1]), 64)
+    ok = anchor_candidates(pack.loss_mask, pack.row_of)[0]
+    share = torch.zeros(2)
+    for seed in range(200):
+        anchors, keep = sample_anchors(pack.loss_mask, 4, torch.Generator().manual_seed(seed), pack.row_of,
+                                       per_token=True)
+        assert anchors.shape == (1, 8) and keep.all() and ok[anchors[0]].all() and (anchors[0].diff() > 0).all()
+        share += torch.bincount(pack.row_of[0, anchors[0]], minlength=2)
+    # 35 and 5 candidates: 7/8 of the anchors on the long row (per_row would give 4 and 4)
+    assert abs(float(share[0] / share.sum()) - 35 / 40) < 0.03
+
+
 def _greedy_rows(target, n: int) -> datasets.Dataset:
     ds = _dataset(n)
     return S.greedy_rows(target, [ids[: mask.index(True)] for ids, mask in zip(ds["input_ids"], ds["loss_mask"])])

@@ -30,9 +30,12 @@ def count_candidates(loss_mask: np.ndarray) -> int:
 
 
 def sample_anchors(
-    loss_mask: torch.Tensor, per_row: int, generator: torch.Generator, row_of: torch.Tensor | None = None
+    loss_mask: torch.Tensor, per_row: int, generator: torch.Generator, row_of: torch.Tensor | None = None,
+    per_token: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to ``per_row`` distinct anchors in every row, drawn uniformly among its candidates, sorted by position.
+    """Up to ``per_row`` distinct anchors in every row, drawn uniformly among its candidates, sorted by position;
+    or with ``per_token``, as many as that would give a line in all (``per_row`` x its rows, at most its candidates)
+    drawn uniformly over every candidate of the line, so that a row gets anchors in proportion to its candidates.
 
     A line of ``loss_mask`` ``[b, s]`` is one row, or a pack of rows told apart by ``row_of``. Returns ``(anchors
     [b, n], keep [b, n])`` with ``n`` the most anchors of any line; lines with fewer pad with position 0 and
@@ -42,17 +45,21 @@ def sample_anchors(
     if not ok.any():
         raise ValueError("no row in the batch has two consecutive supervised tokens; the data filter should drop them")
     row = torch.zeros_like(ok, dtype=torch.long) if row_of is None else row_of
-    # Uniform sampling without replacement within each row: random keys on candidates, sorted by (row, key); the
-    # first per_row of each row's run are its anchors.
+    # Uniform sampling without replacement: random keys on candidates, sorted (by row first, per row); the first
+    # per_row of each row's run (the first per_row x rows of the line's) are the anchors.
     keys = torch.rand(ok.shape, generator=generator, dtype=torch.float64, device=generator.device).to(ok.device)
-    keys = torch.where(ok, row.double() * 2 + keys, torch.full_like(keys, float("inf")))
+    keys = torch.where(ok, keys if per_token else row.double() * 2 + keys, torch.full_like(keys, float("inf")))
     sorted_keys, order = keys.sort(dim=1, stable=True)
-    sorted_row = row.gather(1, order)
     index = torch.arange(ok.shape[1], device=ok.device).expand_as(order)
-    opens = torch.ones_like(ok)
-    opens[:, 1:] = sorted_row[:, 1:] != sorted_row[:, :-1]
-    rank = index - torch.where(opens, index, torch.zeros_like(index)).cummax(dim=1).values
-    picked = sorted_keys.isfinite() & (rank < per_row)
+    if per_token:
+        rows = (row.max(dim=1).values + 1)[:, None]
+        picked = sorted_keys.isfinite() & (index < per_row * rows)
+    else:
+        sorted_row = row.gather(1, order)
+        opens = torch.ones_like(ok)
+        opens[:, 1:] = sorted_row[:, 1:] != sorted_row[:, :-1]
+        rank = index - torch.where(opens, index, torch.zeros_like(index)).cummax(dim=1).values
+        picked = sorted_keys.isfinite() & (rank < per_row)
     counts = picked.sum(dim=1)
     n = int(counts.max())
     # Each line's picked positions, ascending, then padded with (0, keep=False) up to n.

@@ -82,13 +82,15 @@ def dflash_loss(
     anchors_per_seq: int,
     gamma: float,
     generator: torch.Generator,
+    anchors_per_token: bool = False,
     labels: str = "data",
     target_final: torch.Tensor | None = None,
     selector_weight: float = 0.0,
     selector_labels: str = "data",
     gold_outside_top_k: str = "drop",
 ) -> StepStats:
-    """The DFlash objective on one pack, given the target's ``features`` of it (:func:`pack_features`).
+    """The DFlash objective on one pack, given the target's ``features`` of it (:func:`pack_features`): up to
+    ``anchors_per_seq`` blocks per row, or as many in all spread over the pack's candidates (``anchors_per_token``).
 
     Block position k of anchor a learns token a + k as ``labels`` says: ``data`` (cross-entropy on the data's
     token), ``target_argmax`` (on the target's greedy choice there) or ``target_distribution`` (the KL divergence
@@ -102,7 +104,7 @@ def dflash_loss(
     """
     core: DFlashDrafter = getattr(drafter, "module", drafter)
     B = core.block_size
-    anchors, keep = sample_anchors(batch.loss_mask, anchors_per_seq, generator, batch.row_of)
+    anchors, keep = sample_anchors(batch.loss_mask, anchors_per_seq, generator, batch.row_of, anchors_per_token)
     s = batch.input_ids.shape[1]
     hidden = draft_blocks(drafter, features, batch, anchors)
     tokens, weights = block_targets(batch.input_ids, batch.loss_mask, anchors, keep, B, gamma, batch.row_of)
@@ -111,13 +113,14 @@ def dflash_loss(
     logits = core.logits(h).float()
     w = weights.flatten()[used]
     data_ids = tokens.flatten()[used]
-    target_logits = None
+    target_logits = target_choice = None
     if target_final is not None:
         # The target's distribution of token a + k is its output at position a + k - 1.
         at = (anchors[:, :, None] + torch.arange(B, device=anchors.device) - 1).clamp(0, s - 1).flatten(1)
         final = target_final.gather(1, at[:, :, None].expand(-1, -1, target_final.shape[-1]))
         target_logits = core.logits(final.reshape(-1, final.shape[-1])[used]).float()
-    label_ids = data_ids if labels == "data" else target_logits.argmax(-1)
+        target_choice = target_logits.argmax(-1)
+    label_ids = data_ids if labels == "data" else target_choice
     if labels == "target_distribution":
         log_p = F.log_softmax(target_logits, dim=-1)
         per_label = F.kl_div(F.log_softmax(logits, dim=-1), log_p, log_target=True, reduction="none").sum(-1)
@@ -133,7 +136,7 @@ def dflash_loss(
     if core.candidate_selector is not None:
         # The token before each label: the anchor at block position 1, the previous label after it (teacher forcing).
         previous = torch.cat([tokens[..., :1], tokens[..., :-1]], dim=-1).flatten()[used]
-        gold = data_ids if selector_labels == "data" else target_logits.argmax(-1)
+        gold = data_ids if selector_labels == "data" else target_choice
         soft = target_logits if selector_labels == "target_distribution" else None
         sel_loss, selector = selector_loss(core, h, logits, previous, gold, w, gold_outside_top_k, soft)
         loss = loss + selector_weight * sel_loss

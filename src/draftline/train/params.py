@@ -49,6 +49,7 @@ class TrainParams(Params):
     gamma: float
     labels: Literal["data", "target_argmax", "target_distribution"]
     anchors_per_seq: int
+    anchor_sampling: Literal["per_row", "per_token"]
     max_length: int
     max_tokens_per_batch: int
     memory_limit_gb: float

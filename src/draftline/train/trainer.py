@@ -115,7 +115,8 @@ class Run:
             else:
                 features, final = pack_features(self.target, batch, self.drafter.target_layer_ids, self.needs_final)
             return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq, gamma=self.cfg.gamma,
-                               generator=generator, labels=self.cfg.labels, target_final=final,
+                               generator=generator, anchors_per_token=self.cfg.anchor_sampling == "per_token",
+                               labels=self.cfg.labels, target_final=final,
                                selector_weight=self.selector_weight(step),
                                selector_labels=self.cfg.dflash2.selector_labels,
                                gold_outside_top_k=self.cfg.dflash2.gold_outside_top_k)
