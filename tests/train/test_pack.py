@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from draftline.core.params import ParamsError
 from draftline.core.target import load_model, load_target
 from draftline.drafter.model import DFlashDrafter, make_config
 from draftline.train.anchors import anchor_candidates, sample_anchors
@@ -93,7 +94,7 @@ def _greedy_rows(target, n: int) -> datasets.Dataset:
 def _loss(drafter, target, pack, labels: str, seed: int = 1):
     features, final = pack_features(target, pack, drafter.target_layer_ids, final=labels != "data")
     return dflash_loss(drafter, features, pack, anchors_per_seq=4, gamma=4.0, generator=torch.Generator().manual_seed(seed),
-                       labels=labels, target_final=final)
+                       labels={labels: 1.0}, target_final=final)
 
 
 def test_target_labels_are_the_targets_own_next_token_at_each_position(models):
@@ -137,3 +138,26 @@ def test_row_by_row_attention_is_the_dense_masks_attention(causal, window):
     k, v = torch.randn(1, 2, s + q.shape[2], 8, generator=g), torch.randn(1, 2, s + q.shape[2], 8, generator=g)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=0.3)
     torch.testing.assert_close(rows.attend(q, k, v, 0.3), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_the_losses_add_up_by_their_weights(models):
+    target, drafter = models
+    pack = collate(_dataset(), np.array([0, 1, 2]), 64)
+    features, final = pack_features(target, pack, drafter.target_layer_ids, final=True)
+
+    def loss(**weights) -> float:
+        return float(dflash_loss(drafter, features, pack, anchors_per_seq=4, gamma=4.0, labels=weights,
+                                 generator=torch.Generator().manual_seed(3), target_final=final).loss)
+
+    parts = {name: loss(**{name: 1.0}) for name in ("data", "target_argmax", "target_distribution")}
+    assert len(set(parts.values())) == 3
+    mixed = loss(data=0.2, target_argmax=0.5, target_distribution=1.5)
+    assert mixed == pytest.approx(0.2 * parts["data"] + 0.5 * parts["target_argmax"] + 1.5 * parts["target_distribution"])
+
+
+def test_label_weights_must_say_something():
+    with pytest.raises(ParamsError, match="labels"):
+        S.train_params(labels={"data": 0.0, "target_argmax": 0.0, "target_distribution": 0.0})
+    with pytest.raises(ParamsError, match="labels"):
+        S.train_params(labels={"data": 1.0, "target_argmax": -0.5, "target_distribution": 0.0})
+    assert S.train_params(labels={"data": 0.0, "target_argmax": 0.0, "target_distribution": 1.0}).labels.from_target

@@ -83,7 +83,7 @@ def dflash_loss(
     gamma: float,
     generator: torch.Generator,
     anchors_per_token: bool = False,
-    labels: str = "data",
+    labels: dict[str, float] | None = None,
     target_final: torch.Tensor | None = None,
     selector_weight: float = 0.0,
     selector_labels: str = "data",
@@ -92,12 +92,13 @@ def dflash_loss(
     """The DFlash objective on one pack, given the target's ``features`` of it (:func:`pack_features`): up to
     ``anchors_per_seq`` blocks per row, or as many in all spread over the pack's candidates (``anchors_per_token``).
 
-    Block position k of anchor a learns token a + k as ``labels`` says: ``data`` (cross-entropy on the data's
-    token), ``target_argmax`` (on the target's greedy choice there) or ``target_distribution`` (the KL divergence
-    from the target's whole next-token distribution to the drafter's: what verification by rejection sampling
-    accepts). The target's choices come from ``target_final``, its last hidden state ``[b, s, hidden]``, needed
-    by any label but ``data``; DFlash 2's selector learns the data's token or the target's greedy choice
-    (``selector_labels``).
+    Block position k of anchor a learns token a + k by the sum of three losses, each weighted as ``labels`` says
+    (``{name: weight}``; default ``{"data": 1}``): ``data`` (cross-entropy on the data's token), ``target_argmax``
+    (on the target's greedy choice there: what greedy verification accepts) and ``target_distribution`` (the KL
+    divergence from the target's whole next-token distribution to the drafter's: what verification by rejection
+    sampling accepts). The target's choices come from ``target_final``, its last hidden state ``[b, s, hidden]``,
+    needed by any loss but ``data``; DFlash 2's selector learns the data's token, the target's greedy choice or the
+    target's distribution over its candidates (``selector_labels``).
 
     ``drafter`` may be DDP-wrapped; ``core`` below is the bare :class:`DFlashDrafter`. Logits are only computed
     where a label has weight, which keeps the vocabulary-sized tensors as small as they can be.
@@ -120,13 +121,9 @@ def dflash_loss(
         final = target_final.gather(1, at[:, :, None].expand(-1, -1, target_final.shape[-1]))
         target_logits = core.logits(final.reshape(-1, final.shape[-1])[used]).float()
         target_choice = target_logits.argmax(-1)
-    label_ids = data_ids if labels == "data" else target_choice
-    if labels == "target_distribution":
-        log_p = F.log_softmax(target_logits, dim=-1)
-        per_label = F.kl_div(F.log_softmax(logits, dim=-1), log_p, log_target=True, reduction="none").sum(-1)
-    else:
-        per_label = F.cross_entropy(logits, label_ids, reduction="none")
+    per_label = block_losses(logits, data_ids, target_logits, target_choice, labels or {"data": 1.0})
     loss = (per_label * w).sum() / w.sum()
+    label_ids = data_ids if target_choice is None else target_choice
     with torch.no_grad():
         pos = torch.arange(B, device=w.device).repeat(tokens.numel() // B)[used]
         hit = (logits.argmax(-1) == label_ids).float()
@@ -141,6 +138,22 @@ def dflash_loss(
         sel_loss, selector = selector_loss(core, h, logits, previous, gold, w, gold_outside_top_k, soft)
         loss = loss + selector_weight * sel_loss
     return StepStats(loss, correct, counted, selector)
+
+
+def block_losses(logits: torch.Tensor, data_ids: torch.Tensor, target_logits: torch.Tensor | None,
+                 target_choice: torch.Tensor | None, weights: dict[str, float]) -> torch.Tensor:
+    """Each label's loss ``[labels]``: the weighted sum of the cross-entropy on the data's token, on the target's
+    choice, and the KL divergence from the target's distribution (weights of 0 cost nothing)."""
+    total = torch.zeros(len(data_ids), device=logits.device)
+    if weights.get("data", 0.0):
+        total = total + weights["data"] * F.cross_entropy(logits, data_ids, reduction="none")
+    if weights.get("target_argmax", 0.0):
+        total = total + weights["target_argmax"] * F.cross_entropy(logits, target_choice, reduction="none")
+    if weights.get("target_distribution", 0.0):
+        kl = F.kl_div(F.log_softmax(logits, dim=-1), F.log_softmax(target_logits, dim=-1), log_target=True,
+                      reduction="none").sum(-1)
+        total = total + weights["target_distribution"] * kl
+    return total
 
 
 def selector_loss(core: DFlashDrafter, hidden: torch.Tensor, logits: torch.Tensor, previous: torch.Tensor,

@@ -35,6 +35,25 @@ class DFlash2Params(Params):
 
 
 @dataclass(frozen=True)
+class LabelWeights(Params):
+    """``params.yaml: train.labels``: the weight of each loss block position k learns token a + k by."""
+
+    data: float
+    target_argmax: float
+    target_distribution: float
+
+    def validate(self, where: str) -> None:
+        weights = (self.data, self.target_argmax, self.target_distribution)
+        if min(weights) < 0 or sum(weights) <= 0:
+            raise ParamsError(f"params.yaml: {where}: the weights must be >= 0 and not all 0, got {weights}")
+
+    @property
+    def from_target(self) -> bool:
+        """Whether a loss needs the target's own predictions (its last hidden state beside its features)."""
+        return self.target_argmax > 0 or self.target_distribution > 0
+
+
+@dataclass(frozen=True)
 class TrainParams(Params):
     """``params.yaml: train`` (every key is documented there and in docs/train.md)."""
 
@@ -47,7 +66,7 @@ class TrainParams(Params):
     sliding_window: int | None
     max_window_layers: int
     gamma: float
-    labels: Literal["data", "target_argmax", "target_distribution"]
+    labels: LabelWeights
     anchors_per_seq: int
     anchor_sampling: Literal["per_row", "per_token"]
     max_length: int

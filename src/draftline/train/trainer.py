@@ -116,7 +116,7 @@ class Run:
                 features, final = pack_features(self.target, batch, self.drafter.target_layer_ids, self.needs_final)
             return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq, gamma=self.cfg.gamma,
                                generator=generator, anchors_per_token=self.cfg.anchor_sampling == "per_token",
-                               labels=self.cfg.labels, target_final=final,
+                               labels=asdict(self.cfg.labels), target_final=final,
                                selector_weight=self.selector_weight(step),
                                selector_labels=self.cfg.dflash2.selector_labels,
                                gold_outside_top_k=self.cfg.dflash2.gold_outside_top_k)
@@ -126,7 +126,7 @@ class Run:
         """Whether a label is the target's own (``labels`` or DFlash 2's ``selector_labels`` other than data): then
         the target's last hidden state is kept beside its features."""
         selector = self.cfg.architecture == "dflash2" and self.cfg.dflash2.selector_labels != "data"
-        return self.cfg.labels != "data" or selector
+        return self.cfg.labels.from_target or selector
 
     @property
     def feature_bytes(self) -> int:
