@@ -107,16 +107,26 @@ def test_scan_rows_across_scan_batches(monkeypatch):
     assert stats.kept_loss_tokens == sum(sum(m[:7]) for m in masks)
     assert stats.cut_loss_tokens == sum(sum(m[7:]) for m in masks)
 
-def test_pack_rows_keeps_the_order_and_the_budget():
+def test_pack_rows_first_fit_keeps_the_budget_and_every_row_once():
     lengths = np.array([5, 9, 3, 9, 2, 7, 4, 8])
     order = np.array([3, 0, 7, 1, 6, 2, 5, 4])
-    packs = pack_rows(order, lengths, 18)
-    assert np.concatenate(packs).tolist() == order.tolist()  # laid end to end in the given order
+    # One open pack: sequential packing, a pack closing when the next row does not fit.
+    packs = pack_rows(order, lengths, 18, open_packs=1)
+    assert np.concatenate(packs).tolist() == order.tolist()
     assert [int(lengths[p].sum()) for p in packs] == [14, 17, 16]
-    for a, b in zip(packs, packs[1:]):
-        assert lengths[a].sum() + lengths[b[0]] > 18  # a pack closes only when the next row does not fit
+    # First fit: row 4 (2 tokens) and row 6 (4 tokens) fill the gaps the sequential packing left.
+    packs = pack_rows(order, lengths, 18)
+    assert sorted(np.concatenate(packs).tolist()) == list(range(8))
+    assert [p.tolist() for p in packs] == [[3, 0, 6], [7, 1], [2, 5, 4]]
+    assert all(lengths[p].sum() <= 18 for p in packs)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 50, 500)
+    for open_packs in (1, 4, 16):
+        packs = pack_rows(rng.permutation(500), lengths, 64, open_packs=open_packs)
+        assert sorted(np.concatenate(packs).tolist()) == list(range(500)) and max(lengths[p].sum() for p in packs) <= 64
+    assert len(pack_rows(np.arange(500), lengths, 64)) < len(pack_rows(np.arange(500), lengths, 64, open_packs=1))
     with pytest.raises(PlanError, match="max_tokens_per_batch"):
-        pack_rows(order, lengths, 8)
+        pack_rows(order, np.array([5, 9, 3, 9, 2, 7, 4, 8]), 8)
 
 
 def test_batch_plan_shuffles_packs_every_epoch_and_shards_by_rank():
@@ -141,7 +151,7 @@ def test_batch_plan_shuffles_packs_every_epoch_and_shards_by_rank():
 def test_epochs_of_different_pack_counts_add_up():
     lengths = [3, 5, 2, 6, 4, 1, 7, 3, 5]
     ds = _rows([[1] * n for n in lengths])
-    plan = BatchPlan(ds, np.arange(9), max_length=8, max_tokens_per_batch=10, seed=0)
+    plan = BatchPlan(ds, np.arange(9), max_length=8, max_tokens_per_batch=9, seed=0)
     counts = [plan.steps_in(e) for e in range(6)]
     assert len(set(counts)) > 1  # the packing of a shuffle depends on it
     assert plan.total_steps(2.5) == counts[0] + counts[1] + -(-counts[2] // 2)

@@ -5,9 +5,8 @@ at step ``s`` can be recomputed from ``s`` alone, which is what makes resuming e
 
 * rows without two consecutive supervised tokens cannot anchor a block: counted and skipped;
 * rows longer than ``max_length`` are cut (their supervised tail past the cut is lost, counted);
-* every epoch shuffles the rows with ``(seed, epoch)`` and packs them, in that order, into packs of at most
-  ``max_tokens_per_batch`` tokens laid end to end (no padding); a row that does not fit the current pack opens the
-  next one. A step trains on one pack per rank: rows of every length and source share a step, and which rows share
+* every epoch shuffles the rows with ``(seed, epoch)`` and packs them, first fit in that order, into packs of at
+  most ``max_tokens_per_batch`` tokens laid end to end (no padding): :func:`pack_rows`. A step trains on one pack per rank: rows of every length and source share a step, and which rows share
   one changes every epoch. (The plan before this one sorted rows by length into fixed batches: the same long tool
   row alone in its step every epoch, short rows 17 to a step; docs/train.md, "How rows become steps", measures it.)
   A pack's memory is bounded by the budget, whatever rows it holds;
@@ -82,20 +81,33 @@ def _prefix_sum(flags: np.ndarray) -> np.ndarray:
     return out
 
 
-def pack_rows(rows: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """``rows`` in their order, laid end to end into packs of at most ``max_tokens`` tokens; a row that would
-    overflow the current pack opens the next."""
+def pack_rows(rows: np.ndarray, lengths: np.ndarray, max_tokens: int, open_packs: int = 16) -> list[np.ndarray]:
+    """``rows`` laid end to end into packs of at most ``max_tokens`` tokens, first fit: each row, in its order, goes
+    into the first of the (at most ``open_packs``) open packs it fits, else opens one (the fullest open pack is
+    closed first when ``open_packs`` are open). Packs come out in the order they were opened; a pack's rows in the
+    order they came. Filling the gaps a strictly sequential packing leaves gives every step ~20% more tokens of the
+    same budget on the embedded default (docs/train.md)."""
     sizes = lengths[rows]
     if len(sizes) and int(sizes.max()) > max_tokens:
         raise PlanError(f"a row of {int(sizes.max())} tokens does not fit train.max_tokens_per_batch={max_tokens}; "
                         "raise the budget or lower train.max_length")
-    cuts, used = [], 0
+    done: list[tuple[int, list[int]]] = []
+    open_: list[tuple[int, list[int]]] = []  # (opening order, row positions), in opening order
+    used: list[int] = []
     for i, n in enumerate(sizes.tolist()):
-        if used + n > max_tokens:
-            cuts.append(i)
-            used = 0
-        used += n
-    return np.split(rows, cuts) if len(rows) else []
+        k = next((k for k, u in enumerate(used) if u + n <= max_tokens), None)
+        if k is None:
+            if len(open_) == open_packs:
+                full = max(range(len(used)), key=used.__getitem__)
+                done.append(open_.pop(full))
+                used.pop(full)
+            open_.append((len(done) + len(open_), []))
+            used.append(0)
+            k = len(used) - 1
+        open_[k][1].append(i)
+        used[k] += n
+    packs = sorted(done + open_)
+    return [rows[np.array(p, dtype=np.int64)] for _, p in packs]
 
 
 class BatchPlan:
