@@ -1,0 +1,102 @@
+"""How sure a difference in acceptance is: a seeded paired bootstrap over requests.
+
+The statistic is z-lab's acceptance (the figure of DFlash model cards, ``draftline.evaluate.report.figures``): the mean
+over requests of each request's mean tokens per verification step. Two drafters decoded on the same requests are
+compared request by request: the difference of their acceptances is the mean over requests of the per-request
+differences ``d_i = a_i - b_i``, and its interval is the percentile interval of that mean over ``resamples``
+resamples of the requests drawn with replacement (the pairs kept whole, so what the two drafters share, a hard
+prompt, cancels out).
+
+Invariants (``tests/evaluate/test_intervals.py``):
+
+* a request counts once, on the requests both drafters have a verification step for (a turn the prefill's token
+  already ended has none, as in :func:`draftline.evaluate.report.figures`); the count is reported (``n``);
+* identical pairs give the interval ``[0, 0]``; a pair shifted by a constant gives that constant, exactly;
+* the same inputs, resamples and seed give the same bytes (a numpy ``PCG64`` generator of ``seed``; nothing else
+  draws from it), so an interval can be quoted and recomputed.
+
+The per-step file of the evaluate stage (``--steps``, one line per setting, set, request and turn with ``produced``
+per step) is the input: :func:`request_acceptance` reads its records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from statistics import mean
+from typing import Any
+
+import numpy as np
+
+# Resamples drawn at a time: bounds the memory of the index matrix whatever the number of requests.
+_CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The mean paired difference ``estimate`` and its ``confidence`` percentile interval ``[low, high]``."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int
+    resamples: int
+    confidence: float
+    seed: int
+
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def request_acceptance(steps: Iterable[Mapping[str, Any]], setting: str, set_name: str = "heldout"
+                       ) -> dict[str, tuple[str, float]]:
+    """Each request's acceptance under ``setting`` on ``set_name``: ``{"<id>#<turn>": (source, mean produced)}``.
+
+    ``steps`` are the evaluate stage's per-step records; a turn without a verification step is left out (it has no
+    acceptance)."""
+    out = {}
+    for r in steps:
+        if r["setting"] == setting and r["set"] == set_name and r["produced"]:
+            out[f"{r['id']}#{r['turn']}"] = (r["source"], float(mean(r["produced"])))
+    return out
+
+
+def paired(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The requests both ``a`` and ``b`` have, in sorted order, and their two figures as arrays."""
+    keys = sorted(set(a) & set(b))
+    if not keys:
+        raise ValueError("the two drafters share no request: were they evaluated on the same prompts?")
+    return keys, np.array([a[k] for k in keys], dtype=np.float64), np.array([b[k] for k in keys], dtype=np.float64)
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = 10_000, confidence: float = 0.95,
+                     seed: int = 0) -> Interval:
+    """The mean of ``a_i - b_i`` and its percentile bootstrap interval over ``resamples`` resamples of the pairs."""
+    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if xa.ndim != 1 or xa.shape != xb.shape or len(xa) == 0:
+        raise ValueError(f"need two equal-length, non-empty sequences of paired figures, got {len(a)} and {len(b)}")
+    d = xa - xb
+    if resamples < 1 or not 0 < confidence < 1:
+        raise ValueError(f"resamples must be >= 1 and confidence in (0, 1), got {resamples} and {confidence}")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    means = np.empty(resamples, dtype=np.float64)
+    for start in range(0, resamples, _CHUNK):
+        count = min(_CHUNK, resamples - start)
+        means[start:start + count] = d[rng.integers(0, len(d), size=(count, len(d)))].mean(axis=1)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return Interval(float(d.mean()), float(low), float(high), len(d), resamples, confidence, seed)
+
+
+def compare(a: Mapping[str, tuple[str, float]], b: Mapping[str, tuple[str, float]], source: str | None = None,
+            resamples: int = 10_000, confidence: float = 0.95, seed: int = 0) -> Interval:
+    """``a`` minus ``b`` (two :func:`request_acceptance` results) over their shared requests, or over those of one
+    held-out ``source``."""
+    def pick(x: Mapping[str, tuple[str, float]]) -> dict[str, float]:
+        return {k: v for k, (s, v) in x.items() if source is None or s == source}
+
+    _, xa, xb = paired(pick(a), pick(b))
+    return paired_bootstrap(xa, xb, resamples, confidence, seed)

@@ -1,0 +1,99 @@
+"""The paired bootstrap of ``draftline.evaluate.intervals``: degenerate where the two drafters agree, exact for a
+constant shift, excluding 0 only for a real difference, of the normal width for many requests, and the same bytes
+for the same seed; per-request acceptance read from the evaluate stage's per-step records as z-lab computes it."""
+
+from __future__ import annotations
+
+import json
+from statistics import mean
+
+import numpy as np
+import pytest
+
+from draftline.evaluate.intervals import compare, paired, paired_bootstrap, request_acceptance
+
+
+def acceptances(n: int, seed: int) -> np.ndarray:
+    """Per-request acceptances in [1, 8] in steps of 1/8 (exact in binary, so shifts are exact too)."""
+    return np.random.default_rng(seed).integers(8, 65, size=n) / 8
+
+
+def test_identical_pair_is_a_degenerate_interval_at_zero():
+    a = acceptances(56, 0)
+    iv = paired_bootstrap(a, a.copy(), resamples=2000)
+    assert (iv.estimate, iv.low, iv.high) == (0.0, 0.0, 0.0)
+    assert not iv.excludes_zero() and iv.n == 56
+
+
+def test_a_constant_shift_is_recovered_exactly():
+    a = acceptances(56, 1)
+    iv = paired_bootstrap(a, a + 0.5, resamples=2000)
+    assert (iv.estimate, iv.low, iv.high) == (-0.5, -0.5, -0.5)
+    assert iv.excludes_zero()
+
+
+def test_a_noisy_shift_excludes_zero_and_noise_alone_does_not():
+    rng = np.random.default_rng(2)
+    a = acceptances(56, 3)
+    shifted = paired_bootstrap(a + 0.6 + rng.normal(0, 0.5, 56), a, resamples=4000)
+    assert shifted.low > 0.3 and shifted.excludes_zero()
+    noise = paired_bootstrap(a + rng.normal(0, 0.5, 56) - 0.0, a, resamples=4000)
+    assert noise.low < noise.estimate < noise.high
+    assert noise.low < 0.05 and noise.high > -0.05 and noise.high - noise.low < 0.4
+
+
+def test_the_interval_has_the_normal_width_for_many_requests():
+    # d ~ N(0.3, 1), n = 2500: the 95% interval is 0.3 +- 1.96 / 50 (0.039 wide each side), within resampling noise.
+    d = np.random.default_rng(4).normal(0.3, 1.0, 2500)
+    iv = paired_bootstrap(d, np.zeros_like(d), resamples=4000, confidence=0.95)
+    half = 1.96 * d.std(ddof=1) / 50
+    assert iv.estimate - iv.low == pytest.approx(half, rel=0.08)
+    assert iv.high - iv.estimate == pytest.approx(half, rel=0.08)
+    narrow = paired_bootstrap(d, np.zeros_like(d), resamples=4000, confidence=0.5)
+    assert iv.low < narrow.low < narrow.high < iv.high
+
+
+def test_same_seed_same_bytes_other_seed_other_bounds():
+    rng = np.random.default_rng(5)
+    a, b = acceptances(40, 6), acceptances(40, 6) + rng.normal(0, 0.7, 40)
+    one = json.dumps(paired_bootstrap(a, b, resamples=1500, seed=7).as_dict(), sort_keys=True)
+    two = json.dumps(paired_bootstrap(a, b, resamples=1500, seed=7).as_dict(), sort_keys=True)
+    other = paired_bootstrap(a, b, resamples=1500, seed=8)
+    assert one == two
+    assert (other.low, other.high) != (json.loads(one)["low"], json.loads(one)["high"])
+    assert other.estimate == json.loads(one)["estimate"]
+
+
+def test_refuses_unpaired_or_empty_input():
+    with pytest.raises(ValueError):
+        paired_bootstrap([1.0, 2.0], [1.0], resamples=10)
+    with pytest.raises(ValueError):
+        paired_bootstrap([], [], resamples=10)
+    with pytest.raises(ValueError):
+        paired({"x#0": 1.0}, {"y#0": 1.0})
+
+
+def step(setting: str, set_name: str, source: str, rid: str, produced: list[int], turn: int = 0) -> dict:
+    return {"setting": setting, "set": set_name, "source": source, "id": rid, "turn": turn, "prompt_tokens": 9,
+            "drafted": [7] * len(produced), "accepted": [p - 1 for p in produced], "produced": produced,
+            "stop_reason": "stop"}
+
+
+def test_request_acceptance_is_z_labs_per_request_mean():
+    records = [step("greedy", "heldout", "agent", "r1", [3, 4, 8]), step("greedy", "heldout", "agent", "r2", [1]),
+               step("greedy", "heldout", "hermes_fc", "r3", [5, 6]), step("greedy", "heldout", "agent", "r4", []),
+               step("sampled", "heldout", "agent", "r1", [2]), step("greedy", "gsm8k", "gsm8k", "g1", [2, 2])]
+    got = request_acceptance(records, "greedy")
+    assert got == {"r1#0": ("agent", 5.0), "r2#0": ("agent", 1.0), "r3#0": ("hermes_fc", 5.5)}
+    # z-lab's acceptance of the setting is the mean of these (the turn without a step left out, as in report.figures)
+    assert mean(v for _, v in got.values()) == pytest.approx((5.0 + 1.0 + 5.5) / 3)
+    assert request_acceptance(records, "greedy", "gsm8k") == {"g1#0": ("gsm8k", 2.0)}
+
+
+def test_compare_pairs_by_request_and_filters_by_source():
+    a = {"r1#0": ("agent", 5.0), "r2#0": ("agent", 3.0), "r3#0": ("hermes_fc", 6.0), "r9#0": ("agent", 9.0)}
+    b = {"r1#0": ("agent", 4.0), "r2#0": ("agent", 2.0), "r3#0": ("hermes_fc", 6.5)}
+    overall = compare(a, b, resamples=500)
+    assert overall.n == 3 and overall.estimate == pytest.approx((1.0 + 1.0 - 0.5) / 3)
+    agent = compare(a, b, source="agent", resamples=500)
+    assert (agent.n, agent.estimate, agent.low, agent.high) == (2, 1.0, 1.0, 1.0)
