@@ -280,6 +280,7 @@ class Settings:
     warmup_ratio: float
     min_lr_ratio: float
     adam_betas: list[float]
+    labels: Any  # train.labels as the clone's params.yaml has it (a label name, or weights of several)
     weight_decay: float
     grad_clip: float
     max_steps: int
@@ -328,7 +329,7 @@ def read_settings(root: Path, max_steps: int | None = None) -> Settings:
         grad_clip=t["grad_clip"], max_steps=t["max_steps"], gamma=t["gamma"], max_length=t["max_length"],
         seed=t["seed"], anchors_per_seq=t["anchors_per_seq"], max_tokens_per_batch=t["max_tokens_per_batch"],
         log_every=t["log_every"], sliding_window=t["sliding_window"], max_window_layers=t["max_window_layers"],
-        dflash2=dict(t["dflash2"]), rows=int(source["num_rows"]),
+        dflash2=dict(t["dflash2"]), labels=t.get("labels", "data"), rows=int(source["num_rows"]),
         mean_row_tokens=source["num_tokens"] / source["num_rows"], target_layers_total=n,
         lineage={k: source[k] for k in LINEAGE_KEYS})
 
@@ -338,16 +339,16 @@ def unmatched(s: Settings, losses: list[str]) -> list[str]:
     out = [
         f"AdamW betas: both peers use torch's default (0.9, 0.999); draftline {tuple(s.adam_betas)} (no setting in "
         "either)",
-        f"batches: draftline buckets rows by length under a padded budget of {s.max_tokens_per_batch} tokens "
-        f"(the same rows share a step every epoch); SpecForge takes batch_size {s.rows_per_step} rows (budget / mean "
+        f"batches: draftline packs shuffled rows first fit into {s.max_tokens_per_batch}-token packs (one a step, "
+        f"each row attending to itself alone); SpecForge takes batch_size {s.rows_per_step} rows (budget / mean "
         f"row of {s.mean_row_tokens:.0f} tokens), shuffled each epoch, padded to the longest (drop_last); speculators "
         f"packs shuffled rows into {s.max_tokens_per_batch}-token sequences (one pack a step)",
         f"anchors: draftline and SpecForge {s.anchors_per_seq} a row; speculators {s.anchors_per_pack} a pack "
         "(its max_anchors is per packed sequence)",
-        "labels: draftline and SpecForge the data's next token; speculators the target's own logits at each "
-        f"position (--loss-fn {', '.join(losses)}: ce takes their argmax, kl_div the whole distribution); the loss "
-        "is normalised by the decay-weighted supervised positions (draftline, SpecForge) or by their count "
-        "(speculators)",
+        f"labels: draftline train.labels {s.labels}; SpecForge the data's next token; speculators the target's own "
+        f"logits at each position (--loss-fn {', '.join(losses)}: ce takes their argmax, kl_div the whole "
+        "distribution); the loss is normalised by the decay-weighted supervised positions (draftline, SpecForge) or "
+        "by their count (speculators)",
         "validation: speculators needs train_data_ratio < 1, so one row is held out of its training",
         "checkpoint dtype: speculators saves its weights in bf16 whatever it trained in; the others in float32",
         "seeds: each trainer's own random streams (initialisation, order, anchors) from the same seed value",
