@@ -24,7 +24,7 @@ from draftline.core.skips import Skips
 from draftline.core.target import load_target
 from draftline.drafter.decoding import Generation
 from draftline.drafter.model import DFlashDrafter, DrafterMismatch, build_target_layer_ids, make_config
-from draftline.evaluate.params import EvalParams
+from draftline.evaluate.params import EvalParams, IntervalParams
 from draftline.evaluate.report import TurnResult, acceptance_by_position, headline, summarize_setting
 from draftline.evaluate.requests import heldout_requests
 from draftline.evaluate.stage import EvalArgs, render_prompt, run_evaluate
@@ -32,6 +32,7 @@ from draftline.target.describe import describe_target
 
 REPO = Path(__file__).resolve().parents[2]
 HEADLINE = {"greedy", "sampled", "lossless", "skipped"}
+CI = IntervalParams(resamples=1000, confidence=0.95, seed=0)
 
 
 def prompt(i: int, source: str, text: str, tools=None) -> PromptRecord:
@@ -124,16 +125,22 @@ def test_both_figures_histogram_and_plot_from_known_steps():
     two = fake(list(range(6)), accepted=[2, 3], produced=[3, 2])  # step 2 cut from 4 tokens to 2
     base1 = Generation(list(range(8)), "length", 8)
     base2 = Generation([9] * 6, "length", 6)  # differs: a lossless failure
-    s = summarize_setting([turn("p1", "a", one, base1), turn("p2", "b", two, base2)], 4)
+    s = summarize_setting([turn("p1", "a", one, base1), turn("p2", "b", two, base2)], 4, CI)
     # Pooled: 12 tokens over 5 steps; z-lab's: the mean of the turns' means, (7/3 + 5/2) / 2.
     assert s["tau"] == 2.4 and s["acceptance"] == round((7 / 3 + 2.5) / 2, 4)
-    assert s["per_source"]["a"] == {"tau": round(7 / 3, 4), "acceptance": round(7 / 3, 4), "turns": 1, "steps": 3}
+    # Resampling two turns: each figure lies between the one-turn figures, which bound the interval.
+    assert s["acceptance_ci"] == [round(7 / 3, 4), 2.5] and s["tau_ci"] == [round(7 / 3, 4), 2.5]
+    one_turn = round(7 / 3, 4)
+    assert s["per_source"]["a"] == {"tau": one_turn, "acceptance": one_turn, "turns": 1, "steps": 3,
+                                    "acceptance_ci": [one_turn, one_turn], "tau_ci": [one_turn, one_turn]}
+    assert s["per_request"] == {"heldout/p1#0": ["a", 7, 3], "heldout/p2#0": ["b", 5, 2]}
     assert s["histogram"] == [0.0, 0.2, 0.4, 0.2, 0.2]
     assert s["lossless"] == 0.5 and s["mismatched"] == ["p2#0"]
     assert s["target_forwards"] == {"with_drafter": 4 + 3, "without_drafter": 14, "saved_fraction": 0.5}
     report = {"settings": {"greedy": s}}
-    assert headline(report) == {"greedy": {"acceptance": {"heldout": s["acceptance"]}, "tau": 2.4,
-                                           "acceptance_min_source": round(7 / 3, 4)}, "lossless": 0.5}
+    assert headline(report) == {"greedy": {"acceptance": {"heldout": s["acceptance"]}, "acceptance_low": one_turn,
+                                           "acceptance_high": 2.5, "tau": 2.4, "acceptance_min_source": one_turn},
+                                "lossless": 0.5}
     rows = acceptance_by_position([turn("p1", "a", one, None), turn("p2", "b", two, None)], 4)
     # accepted per step: 3, 1, 0, 2, 3 -> position 1: 4/5, 2: 3/5 (3 of the 4 that reached it), 3: 2/5 (2 of 3)
     assert [(r["position"], r["accepted"], r["accept_rate"], r["conditional_rate"]) for r in rows] == [

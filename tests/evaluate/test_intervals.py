@@ -10,7 +10,7 @@ from statistics import mean
 import numpy as np
 import pytest
 
-from draftline.evaluate.intervals import compare, paired, paired_bootstrap, request_acceptance
+from draftline.evaluate.intervals import bootstrap, compare, first, paired, paired_bootstrap, ratio, request_acceptance
 
 
 def acceptances(n: int, seed: int) -> np.ndarray:
@@ -51,6 +51,21 @@ def test_the_interval_has_the_normal_width_for_many_requests():
     assert iv.high - iv.estimate == pytest.approx(half, rel=0.08)
     narrow = paired_bootstrap(d, np.zeros_like(d), resamples=4000, confidence=0.5)
     assert iv.low < narrow.low < narrow.high < iv.high
+
+
+def test_one_drafters_mean_and_pooled_ratio_get_their_own_intervals():
+    acc = acceptances(400, 9)
+    iv = bootstrap(acc[:, None], first, resamples=4000)
+    half = 1.96 * acc.std(ddof=1) / 20
+    assert iv.estimate == pytest.approx(acc.mean())
+    assert iv.estimate - iv.low == pytest.approx(half, rel=0.1) and iv.high - iv.estimate == pytest.approx(half, rel=0.1)
+    steps = np.random.default_rng(10).integers(1, 30, size=400)
+    produced = np.round(acc * steps)
+    tau = bootstrap(np.column_stack([produced, steps]), ratio, resamples=2000)
+    assert tau.estimate == pytest.approx(produced.sum() / steps.sum()) and tau.low < tau.estimate < tau.high
+    # every turn alike: no spread, whatever the resample
+    flat = bootstrap(np.column_stack([np.full(30, 12.0), np.full(30, 4.0)]), ratio, resamples=1000)
+    assert (flat.estimate, flat.low, flat.high) == (3.0, 3.0, 3.0)
 
 
 def test_same_seed_same_bytes_other_seed_other_bounds():

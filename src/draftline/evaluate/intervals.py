@@ -1,11 +1,11 @@
-"""How sure a difference in acceptance is: a seeded paired bootstrap over requests.
+"""How sure an acceptance figure, or a difference of two, is: a seeded bootstrap over requests.
 
-The statistic is z-lab's acceptance (the figure of DFlash model cards, ``draftline.evaluate.report.figures``): the mean
-over requests of each request's mean tokens per verification step. Two drafters decoded on the same requests are
-compared request by request: the difference of their acceptances is the mean over requests of the per-request
-differences ``d_i = a_i - b_i``, and its interval is the percentile interval of that mean over ``resamples``
-resamples of the requests drawn with replacement (the pairs kept whole, so what the two drafters share, a hard
-prompt, cancels out).
+The statistics are z-lab's acceptance (the figure of DFlash model cards, ``draftline.evaluate.report.figures``: the
+mean over requests of each request's mean tokens per verification step) and the pooled tau (tokens over steps, summed
+over requests). :func:`bootstrap` resamples requests with replacement, a request's columns kept together, and takes
+the percentile interval of the statistic: of one drafter's figure (the evaluate stage's ``acceptance_ci``,
+``tau_ci``), or of two drafters' difference on the same requests (``draftline compare``, bench/peers.py), where a
+request's pair moves as one, so what the two share, a hard prompt, cancels out.
 
 Invariants (``tests/evaluate/test_intervals.py``):
 
@@ -21,7 +21,7 @@ per step) is the input: :func:`request_acceptance` reads its records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from statistics import mean
 from typing import Any
@@ -72,23 +72,49 @@ def paired(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[list[str], n
     return keys, np.array([a[k] for k in keys], dtype=np.float64), np.array([b[k] for k in keys], dtype=np.float64)
 
 
+def bootstrap(columns: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], resamples: int = 10_000,
+              confidence: float = 0.95, seed: int = 0) -> Interval:
+    """``statistic`` of the column means of ``columns`` (one row a request) and its percentile interval over
+    ``resamples`` resamples of the rows drawn with replacement (a row kept whole: a request's figures, or a pair's,
+    move together). ``statistic`` maps an ``(m, k)`` array of column means to ``m`` values."""
+    x = np.asarray(columns, dtype=np.float64)
+    if x.ndim != 2 or len(x) == 0:
+        raise ValueError(f"need a non-empty (requests, columns) array, got shape {x.shape}")
+    if resamples < 1 or not 0 < confidence < 1:
+        raise ValueError(f"resamples must be >= 1 and confidence in (0, 1), got {resamples} and {confidence}")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    stats = np.empty(resamples, dtype=np.float64)
+    for start in range(0, resamples, _CHUNK):
+        count = min(_CHUNK, resamples - start)
+        stats[start:start + count] = statistic(x[rng.integers(0, len(x), size=(count, len(x)))].mean(axis=1))
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(stats, [tail, 1 - tail])
+    estimate = float(statistic(x.mean(axis=0)[None, :])[0])
+    return Interval(estimate, float(low), float(high), len(x), resamples, confidence, seed)
+
+
+def first(m: np.ndarray) -> np.ndarray:
+    """The statistic of a mean (of the first column)."""
+    return m[:, 0]
+
+
+def ratio(m: np.ndarray) -> np.ndarray:
+    """The statistic of a pooled ratio (sum of column 0 over sum of column 1): tau, produced over steps."""
+    return m[:, 0] / m[:, 1]
+
+
+def ratio_difference(m: np.ndarray) -> np.ndarray:
+    """One pooled ratio minus another (columns: numerator and denominator of A, then of B)."""
+    return m[:, 0] / m[:, 1] - m[:, 2] / m[:, 3]
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = 10_000, confidence: float = 0.95,
                      seed: int = 0) -> Interval:
     """The mean of ``a_i - b_i`` and its percentile bootstrap interval over ``resamples`` resamples of the pairs."""
     xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if xa.ndim != 1 or xa.shape != xb.shape or len(xa) == 0:
         raise ValueError(f"need two equal-length, non-empty sequences of paired figures, got {len(a)} and {len(b)}")
-    d = xa - xb
-    if resamples < 1 or not 0 < confidence < 1:
-        raise ValueError(f"resamples must be >= 1 and confidence in (0, 1), got {resamples} and {confidence}")
-    rng = np.random.Generator(np.random.PCG64(seed))
-    means = np.empty(resamples, dtype=np.float64)
-    for start in range(0, resamples, _CHUNK):
-        count = min(_CHUNK, resamples - start)
-        means[start:start + count] = d[rng.integers(0, len(d), size=(count, len(d)))].mean(axis=1)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return Interval(float(d.mean()), float(low), float(high), len(d), resamples, confidence, seed)
+    return bootstrap((xa - xb)[:, None], first, resamples, confidence, seed)
 
 
 def compare(a: Mapping[str, tuple[str, float]], b: Mapping[str, tuple[str, float]], source: str | None = None,

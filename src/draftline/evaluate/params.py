@@ -26,12 +26,28 @@ class SamplingParams(Params):
 
 
 @dataclass(frozen=True)
+class IntervalParams(Params):
+    """How every figure's interval is drawn: a percentile bootstrap over requests, seeded (the same report, the
+    same bounds)."""
+
+    resamples: int
+    confidence: float
+    seed: int
+
+    def validate(self, where: str) -> None:
+        if self.resamples < 1000 or not 0.5 <= self.confidence < 1:
+            raise ParamsError(f"params.yaml: {where}: resamples must be >= 1000 (fewer move the bounds from run to "
+                              f"run of the seed) and confidence in [0.5, 1), got {self.resamples}, {self.confidence}")
+
+
+@dataclass(frozen=True)
 class EvalParams(Params):
     """``params.yaml: evaluate`` (see docs/evaluate.md). The thinking mode is not a param: it is the training
     data's, read from the drafter's lineage."""
 
     sampling: dict[str, SamplingParams]
     seed: int
+    intervals: IntervalParams
     sets: dict[str, SourceSpec]
     max_new_tokens: int
     max_prompts_per_source: int

@@ -10,6 +10,11 @@ Two figures of one run, both honest, different statistics:
 
 Both are computed from ``produced`` (per step: the accepted drafts + the target's token, cut at a stop or at
 ``max_new_tokens``), which the per-step file holds, so another tool can recompute both.
+
+Every figure of a group of turns (overall, a set, a source) carries its interval (``acceptance_ci``, ``tau_ci``): a
+seeded bootstrap over the group's turns (``evaluate.intervals``), so the same report gives the same bounds. Each
+setting keeps every turn's ``produced`` sum and step count (``per_request``): two reports on the same prompts can be
+compared request by request (``draftline compare``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
+import numpy as np
+
 from draftline.drafter.decoding import Generation, SelectorStep
-from draftline.evaluate.params import HELDOUT
+from draftline.evaluate.intervals import bootstrap, first, ratio
+from draftline.evaluate.params import HELDOUT, IntervalParams
 
 ACCEPTANCE_COLUMNS = ["position", "steps", "accepted", "accept_rate", "conditional_rate"]
 HISTOGRAM_COLUMNS = ["length", "steps", "share"]
@@ -57,6 +65,29 @@ def figures(results: list[TurnResult]) -> dict[str, Any]:
         "turns": len(results),
         "steps": steps,
     }
+
+
+def figures_with_intervals(results: list[TurnResult], ci: IntervalParams) -> dict[str, Any]:
+    """:func:`figures` and the ``ci.confidence`` bootstrap interval of each, over the turns with a step."""
+    out = figures(results)
+    turns = [r.speculative for r in results if r.speculative.steps]
+    if turns:
+        draw = (ci.resamples, ci.confidence, ci.seed)
+        acceptance = bootstrap(np.array([[mean(t.produced)] for t in turns]), first, *draw)
+        tau = bootstrap(np.array([[sum(t.produced), t.steps] for t in turns]), ratio, *draw)
+        out |= {"acceptance_ci": [_r(acceptance.low), _r(acceptance.high)], "tau_ci": [_r(tau.low), _r(tau.high)]}
+    return out
+
+
+def request_key(r: TurnResult) -> str:
+    """A turn's name in ``per_request``: unique over the sets (a set's ids may repeat another's)."""
+    return f"{r.set}/{r.id}#{r.turn}"
+
+
+def per_request(results: list[TurnResult]) -> dict[str, list]:
+    """Every turn with a step: ``[source, tokens produced, verification steps]`` (its acceptance is their ratio)."""
+    return {request_key(r): [r.source, sum(r.speculative.produced), r.speculative.steps]
+            for r in sorted(results, key=request_key) if r.speculative.steps}
 
 
 def _prefix(drafts: list, gold: list[int], hit) -> int:
@@ -106,19 +137,20 @@ def _grouped(results: list[TurnResult], key) -> dict[str, list[TurnResult]]:
     return dict(sorted(groups.items()))
 
 
-def summarize_setting(results: list[TurnResult], block_size: int) -> dict[str, Any]:
-    """One setting's report: both figures overall, per set and per held-out source; the histogram of acceptance
-    lengths (z-lab's, over every step); losslessness where a baseline was decoded; forwards saved."""
+def summarize_setting(results: list[TurnResult], block_size: int, ci: IntervalParams) -> dict[str, Any]:
+    """One setting's report: both figures with their intervals overall, per set and per held-out source; the
+    histogram of acceptance lengths (z-lab's, over every step); losslessness where a baseline was decoded; forwards
+    saved; every turn's figures."""
     lengths = Counter(n for r in results for n in r.speculative.produced)
     total = sum(lengths.values())
     checked = [r for r in results if r.baseline is not None]
     with_drafter = sum(r.speculative.target_forwards for r in checked)
     without = sum(r.baseline.target_forwards for r in checked)
     return {
-        **figures(results),
-        "per_set": {s: figures(rs) for s, rs in _grouped(results, lambda r: r.set).items()},
-        "per_source": {s: figures(rs) for s, rs in _grouped([r for r in results if r.set == HELDOUT],
-                                                            lambda r: r.source).items()},
+        **figures_with_intervals(results, ci),
+        "per_set": {s: figures_with_intervals(rs, ci) for s, rs in _grouped(results, lambda r: r.set).items()},
+        "per_source": {s: figures_with_intervals(rs, ci)
+                       for s, rs in _grouped([r for r in results if r.set == HELDOUT], lambda r: r.source).items()},
         "histogram": [round(lengths[n] / total, 4) if total else 0.0 for n in range(block_size + 1)],
         "lossless": _r(sum(bool(r.identical) for r in checked) / len(checked)) if checked else None,
         "mismatched": sorted(f"{r.id}#{r.turn}" for r in checked if not r.identical),
@@ -130,18 +162,22 @@ def summarize_setting(results: list[TurnResult], block_size: int) -> dict[str, A
         "generated_tokens": sum(len(r.speculative.tokens) for r in results),
         "selector": selector_figures(results),
         "stop_reasons": dict(sorted(Counter(r.speculative.stop_reason for r in results).items())),
+        "per_request": per_request(results),
     }
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
-    """The figures compared between experiments, per setting: z-lab's acceptance on every set, the pooled tau on
-    the held-out prompts, the lowest held-out source's acceptance (the drafter's weakest kind of prompt); and
-    ``lossless`` (the lowest over the greedy settings)."""
+    """The figures compared between experiments, per setting: z-lab's acceptance on every set, the bounds of its
+    interval on the held-out prompts, the pooled tau there, the lowest held-out source's acceptance (the drafter's
+    weakest kind of prompt); and ``lossless`` (the lowest over the greedy settings)."""
     out: dict[str, Any] = {}
     for name, s in report["settings"].items():
         per_source = [f["acceptance"] for f in s["per_source"].values() if f["acceptance"] is not None]
+        low, high = s["per_set"].get(HELDOUT, {}).get("acceptance_ci", [None, None])
         out[name] = {
             "acceptance": {set_: f["acceptance"] for set_, f in s["per_set"].items()},
+            "acceptance_low": low,
+            "acceptance_high": high,
             "tau": s["per_set"].get(HELDOUT, {}).get("tau"),
             "acceptance_min_source": min(per_source) if per_source else None,
         }

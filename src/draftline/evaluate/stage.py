@@ -14,10 +14,11 @@ same machine writes the same bytes; wall-clock times go to the run file only.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,9 +246,10 @@ def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, requests: list[Re
                                          stage.skips)
     if not any(results.values()):
         raise Refusal(f"every eval prompt was skipped ({stage.skips.as_dict()}): raise evaluate.max_prompt_tokens?")
-    settings = {name: summarize_setting(rs, drafter.block_size) for name, rs in results.items()}
+    settings = {name: summarize_setting(rs, drafter.block_size, p.intervals) for name, rs in results.items()}
     stage.details.update(settings=settings, block_size=drafter.block_size, max_new_tokens=p.max_new_tokens,
-                         enable_thinking=thinking, requests=dict(sorted(Counter(r.set for r in requests).items())))
+                         enable_thinking=thinking, requests=dict(sorted(Counter(r.set for r in requests).items())),
+                         **identity(p, info, requests))
     stage.headline.update(headline(stage.details))
     stage.run.update(decode_seconds=round(time.perf_counter() - started, 2))
     write_plots(args, results, settings, drafter.block_size)
@@ -262,6 +264,19 @@ def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, requests: list[Re
             "verification must be lossless. In float32 this is a bug; in bf16/fp16 it can be numerics (set "
             "evaluate.dtype: float32 to tell them apart)"
         )
+
+
+def identity(p: EvalParams, info: TargetInfo, requests: list[Request]) -> dict[str, Any]:
+    """What makes two evaluations comparable request by request (``draftline compare`` refuses a mismatch by name):
+    the target, the prompts (a hash of every request as decoded) and each setting's sampling, and how the
+    intervals were drawn."""
+    prompts = xxhash.xxh64()
+    for r in requests:
+        prompts.update(json.dumps([r.set, r.source, r.id, r.prefix, r.turns, r.tools], sort_keys=True).encode())
+        prompts.update(b"\n")
+    return {"target": {"model_fingerprint": info.model_fingerprint, "tokenizer_fingerprint": info.tokenizer_fingerprint},
+            "prompts": {"fingerprint": prompts.hexdigest(), "requests": len(requests)},
+            "sampling": {name: asdict(s) for name, s in p.sampling.items()}, "intervals": asdict(p.intervals)}
 
 
 def write_plots(args: EvalArgs, results: dict[str, list[TurnResult]], settings: dict[str, dict],

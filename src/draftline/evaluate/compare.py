@@ -1,0 +1,181 @@
+"""Two evaluations of the same prompts, request by request: which drafter is better, and how sure that is.
+
+``draftline compare A B``: A and B are eval reports (a file), git revisions or DVC experiment names (the evaluate
+stage's report as committed there: it is in git, ``cache: false``). Per decoding setting both have, overall (every
+request), per set and per held-out source: A's and B's z-lab acceptance, A minus B with its paired bootstrap interval
+over the requests both decoded, the same for the pooled tau, and a verdict on the acceptance: ``better`` (the
+interval above 0), ``worse`` (below 0) or ``cannot tell``.
+
+Invariants:
+
+* two reports are compared only when they decoded the same prompts for the same target the same way: a difference in
+  the target's fingerprints, the prompts' fingerprint (every request as decoded), ``max_new_tokens``, the thinking
+  mode, a shared setting's sampling or the intervals' draws is refused, naming the field and both values;
+* a report without per-request figures (written before they existed) is refused, saying to re-run evaluate;
+* the draws are the reports' own ``evaluate.intervals`` (seeded): the same two reports print the same bytes, and a
+  report compared with itself is ``cannot tell`` everywhere, with the interval [0, 0].
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from draftline.core.errors import Refusal
+from draftline.evaluate.intervals import Interval, bootstrap, first, ratio_difference
+from draftline.evaluate.params import HELDOUT
+
+# What must be equal for a request-by-request comparison to mean anything (dotted keys of the report).
+SAME = ("target.model_fingerprint", "target.tokenizer_fingerprint", "prompts.fingerprint", "max_new_tokens",
+        "enable_thinking", "intervals")
+
+
+class NotComparable(Refusal):
+    """The two evaluations did not decode the same prompts for the same target the same way."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    name: str  # what the user typed: a file, a revision or an experiment
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One group's comparison: A's and B's acceptance, their paired differences, the verdict."""
+
+    group: str
+    a: float
+    b: float
+    acceptance: Interval
+    tau: Interval
+
+    @property
+    def verdict(self) -> str:
+        return "better" if self.acceptance.low > 0 else "worse" if self.acceptance.high < 0 else "cannot tell"
+
+
+def report_path(root: Path, rev: str) -> str:
+    """The evaluate stage's report, as ``dvc.yaml`` at ``rev`` names it (``${paths.reports}/eval.json``)."""
+    pipeline = yaml.safe_load(git_show(root, rev, "dvc.yaml"))
+    paths = next(v["paths"] for v in pipeline.get("vars", []) if isinstance(v, dict) and "paths" in v)
+    return f"{paths['reports']}/eval.json"
+
+
+def git_show(root: Path, rev: str, path: str) -> str:
+    p = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise NotComparable(f"{path} is not in git at {rev}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def resolve(root: Path, name: str) -> str:
+    """A git revision or a DVC experiment name, as a commit (DVC's own resolution: experiments live in git refs)."""
+    from dvc.scm import SCM, RevError, resolve_rev
+
+    try:
+        return resolve_rev(SCM(str(root)), name)
+    except RevError as e:
+        raise NotComparable(f"{name!r} is neither a file, a git revision nor a DVC experiment of {root}: {e}") from e
+
+
+def load(name: str, root: Path) -> Evaluation:
+    """An evaluation from a report file, or from the report committed at a revision or experiment."""
+    path = Path(name)
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    else:
+        rev = resolve(root, name)
+        text = git_show(root, rev, report_path(root, rev))
+    report = json.loads(text)
+    settings = report.get("settings", {})
+    if not settings or any("per_request" not in s for s in settings.values()) or "prompts" not in report:
+        raise NotComparable(f"{name}: the eval report has no per-request figures (written by an older draftline): "
+                            "re-run the evaluate stage there (dvc repro evaluate)")
+    return Evaluation(name, report)
+
+
+def _get(report: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        report = report.get(key, {}) if isinstance(report, dict) else {}
+    return report if report != {} else None
+
+
+def check_comparable(a: Evaluation, b: Evaluation) -> list[str]:
+    """The settings both have (refusing a mismatch of :data:`SAME` or of a shared setting's sampling)."""
+    fields = [*SAME, *(f"sampling.{s}" for s in sorted(set(a.report["settings"]) & set(b.report["settings"])))]
+    for field in fields:
+        va, vb = _get(a.report, field), _get(b.report, field)
+        if va != vb:
+            raise NotComparable(f"{a.name} and {b.name} differ in {field}: {va!r} vs {vb!r}; compare evaluations "
+                                "of the same prompts, target and settings")
+    shared = [s for s in a.report["settings"] if s in b.report["settings"]]
+    if not shared:
+        raise NotComparable(f"{a.name} and {b.name} share no decoding setting: {sorted(a.report['settings'])} vs "
+                            f"{sorted(b.report['settings'])}")
+    return shared
+
+
+def groups(requests: dict[str, list]) -> dict[str, list[str]]:
+    """Request keys per group: ``overall``, each set (``set:<name>``), then each held-out source
+    (``source:<name>``)."""
+    sets: dict[str, list[str]] = {}
+    sources: dict[str, list[str]] = {}
+    for key in sorted(requests):
+        set_name = key.split("/", 1)[0]
+        sets.setdefault(f"set:{set_name}", []).append(key)
+        if set_name == HELDOUT:
+            sources.setdefault(f"source:{requests[key][0]}", []).append(key)
+    return {"overall": sorted(requests), **dict(sorted(sets.items())), **dict(sorted(sources.items()))}
+
+
+def compare_setting(a: dict[str, Any], b: dict[str, Any], draws: dict[str, Any]) -> list[Row]:
+    """Every group's :class:`Row` for one setting, over the requests both reports decoded."""
+    ra, rb = a["per_request"], b["per_request"]
+    shared = {k: ra[k] for k in ra if k in rb}
+    if not shared:
+        raise NotComparable("the two evaluations share no request with a verification step")
+    draw = (draws["resamples"], draws["confidence"], draws["seed"])
+    rows = []
+    for group, keys in groups(shared).items():
+        x = np.array([[ra[k][1], ra[k][2], rb[k][1], rb[k][2]] for k in keys], dtype=np.float64)
+        acc_a, acc_b = x[:, 0] / x[:, 1], x[:, 2] / x[:, 3]
+        rows.append(Row(group, float(acc_a.mean()), float(acc_b.mean()),
+                        bootstrap((acc_a - acc_b)[:, None], first, *draw), bootstrap(x, ratio_difference, *draw)))
+    return rows
+
+
+def compare(a: Evaluation, b: Evaluation) -> dict[str, list[Row]]:
+    """A minus B, per shared setting (refused by :func:`check_comparable` when they are not comparable)."""
+    settings = check_comparable(a, b)
+    draws = a.report["intervals"]
+    return {s: compare_setting(a.report["settings"][s], b.report["settings"][s], draws) for s in settings}
+
+
+def table(a: Evaluation, b: Evaluation, result: dict[str, list[Row]]) -> str:
+    """The comparison as text: one block per setting, one line per group."""
+    draws = a.report["intervals"]
+    lines = [f"A = {a.name}, B = {b.name}: A minus B, paired over the same requests, "
+             f"{draws['confidence']:.0%} bootstrap intervals ({draws['resamples']} resamples, seed {draws['seed']})"]
+    for setting, rows in result.items():
+        lines += ["", f"{setting}:", f"  {'group':<28} {'n':>4} {'A':>6} {'B':>6}  {'acceptance A-B':<26}"
+                  f"{'pooled tau A-B':<26} verdict"]
+        for r in rows:
+            lines.append(f"  {r.group:<28} {r.acceptance.n:>4} {r.a:>6.3f} {r.b:>6.3f}  {fmt(r.acceptance):<26}"
+                         f"{fmt(r.tau):<26} {r.verdict}")
+    return "\n".join(lines)
+
+
+def fmt(iv: Interval) -> str:
+    return f"{iv.estimate:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
+
+
+def as_json(result: dict[str, list[Row]]) -> dict[str, Any]:
+    return {s: {r.group: {"a": r.a, "b": r.b, "acceptance": r.acceptance.as_dict(), "tau": r.tau.as_dict(),
+                          "verdict": r.verdict} for r in rows} for s, rows in result.items()}
