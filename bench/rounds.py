@@ -91,10 +91,10 @@ def figures(root: Path) -> dict[str, Any]:
 
 def base_ids(root: Path) -> set[str]:
     """The prompt ids of round 1's merged set (a row's id is its prompt's)."""
-    from draftline.core.dataset import mapped_shards, shard_files
+    from draftline.core.dataset import mapped_shards, verified_shard_files
 
     folder = root / "data/bases/round1"
-    return {i for t in mapped_shards(folder, shard_files(folder)) for i in t.column("id").to_pylist()}
+    return {i for t in mapped_shards(folder, verified_shard_files(folder)[1]) for i in t.column("id").to_pylist()}
 
 
 def picked_again(root: Path, base: set[str]) -> int:

@@ -9,9 +9,11 @@ from pathlib import Path
 import early_stages as run
 import pytest
 from conftest import default_params
-from merge_support import chat_rows, write_legacy
+from merge_support import chat_rows, write_legacy, write_tokenized
+from merge_support import write_target as write_target_json
 
 from draftline.conversations.params import ConversationsParams
+from draftline.core import dataset as fmt
 from draftline.core.classify import DOMAINS
 from draftline.core.errors import Refusal
 from draftline.core.jsonl import iter_jsonl
@@ -249,6 +251,24 @@ def test_max_domain_share_stops_an_over_skewed_blend_before_writing(env: Path, s
     assert not (env / "skewed").exists()
     details, _ = _run(env, "fine", {**BLEND, "max_domain_share": 0.5})  # the new rows alone: within it
     assert max(details["mix"]["merged_shares"].values()) <= 0.5
+
+
+@pytest.mark.parametrize("layout", ["draftline", "legacy"])
+def test_a_damaged_base_is_refused_by_name_before_its_mix_is_read(env: Path, qwen3_tokenizer_dir: Path, tmp_path: Path,
+                                                                  layout: str) -> None:
+    """A shard cut in half, as by a bad copy: a draftline base fails its recorded checksum, another tool's folder
+    (no checksum) is named as not a whole Arrow stream; one line either way, nothing written."""
+    base, table = tmp_path / "base", chat_rows(qwen3_tokenizer_dir, SKEWED[:30])
+    if layout == "draftline":
+        write_tokenized(base, table, write_target_json(tmp_path / "target.json", qwen3_tokenizer_dir), max_shard_bytes=2000)
+    else:
+        write_legacy(base, table)
+    shard = base / fmt.shard_files(base)[-1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    why = "truncated" if layout == "draftline" else "not a whole Arrow stream"
+    with pytest.raises(fmt.CorruptShardError, match=f"{shard.name}.*{why}"):
+        _run(env, f"damaged_{layout}", {**BLEND, "max_domain_share": 0.9}, base=base)
+    assert not (env / f"damaged_{layout}").exists()
 
 
 def test_target_mix_in_tokens_meets_each_domain_within_a_row(env: Path) -> None:

@@ -20,8 +20,11 @@ Shards are written once and never rewritten, so a merge can carry old shards byt
 ``state.json`` + ``dataset_info.json`` for any list of shard files, :func:`shard_files` lists them.
 
 Corruption is detected, never consumed: ``draftline.json`` records each shard's size and xxh3-128, and
-:func:`verify_shards` checks them wherever a dataset is read as input (merge's new rows and base, training,
-export), refusing a truncated, bit-flipped or swapped shard by name before any row of it is read.
+:func:`verify_shards` checks them wherever a dataset is read as input, refusing a truncated, bit-flipped or swapped
+shard by name before any row of it is read: every reader opens a folder through :func:`verified_shard_files` (merge's
+new rows and base, the prompt stage's base mix and base ids, export) or :func:`load_training_set` (training), and a
+folder another tool saved, which records no checksum, has each shard refused by name when it is not a whole Arrow
+stream (:func:`mapped_shards`).
 
 Every shard written here has a sidecar ``data-0000i-of-0000N.keys`` beside it: each row's prompt key
 (:func:`prompt_key_digests`, 16 bytes a row, in row order), its size and xxh3-128 recorded in the shard's
@@ -483,9 +486,32 @@ def shard_files(folder: str | os.PathLike) -> list[str]:
     return [f["filename"] for f in state["_data_files"]]
 
 
+def verified_shard_files(folder: str | os.PathLike) -> tuple[DatasetMeta | None, list[str]]:
+    """The one way a dataset folder is opened as input: its ``draftline.json`` and its shard files in row order,
+    every shard verified against it first (:func:`verify_shards`: a damaged dataset is refused before any of it is
+    read). A folder another tool saved (``state.json`` without ``draftline.json``) records no checksum: ``None`` and
+    its files, each refused by name when it cannot be read (:func:`mapped_shards`)."""
+    folder = Path(folder)
+    if not (folder / META_FILE).is_file():
+        return None, shard_files(folder)
+    meta = read_meta(folder)
+    verify_shards(folder, meta)
+    return meta, [s.filename for s in meta.shards]
+
+
 def mapped_shards(folder: str | os.PathLike, files: list[str]) -> list[pa.Table]:
-    """Shard files of a ``save_to_disk`` folder as Arrow tables over memory maps: nothing is read into RAM."""
-    return [pa.ipc.open_stream(pa.memory_map(str(Path(folder) / f))).read_all() for f in files]
+    """Shard files of a ``save_to_disk`` folder as Arrow tables over memory maps: nothing is read into RAM. A file
+    that is not a whole Arrow stream is refused, naming it (pyarrow's own error says only how many bytes it lacked).
+    """
+    tables = []
+    for f in files:
+        path = Path(folder) / f
+        try:
+            tables.append(pa.ipc.open_stream(pa.memory_map(str(path))).read_all())
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptShardError(f"{path} is not a whole Arrow stream ({e}): truncated by a bad copy? Restore it "
+                                    "(dvc checkout) or save the dataset again") from e
+    return tables
 
 
 _MADV_DONTNEED = 4  # Linux: drop the pages from this process; a file mapping refaults them from the page cache

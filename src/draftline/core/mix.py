@@ -216,11 +216,10 @@ class FolderMix:
 
 
 def folder_shards(folder: str | os.PathLike) -> list[tuple[str, str | None]]:
-    """``(file, recorded checksum or None)`` of every shard of a ``save_to_disk`` folder, in row order."""
-    folder = Path(folder)
-    if (folder / fmt.META_FILE).is_file():
-        return [(s.filename, s.xxh3_128) for s in fmt.read_meta(folder).shards]
-    return [(f, None) for f in fmt.shard_files(folder)]
+    """``(file, recorded checksum or None)`` of every shard of a ``save_to_disk`` folder, in row order, verified
+    (:func:`draftline.core.dataset.verified_shard_files`)."""
+    meta, files = fmt.verified_shard_files(folder)
+    return [(s.filename, s.xxh3_128) for s in meta.shards] if meta is not None else [(f, None) for f in files]
 
 
 def num_tokens_of(table: pa.Table) -> np.ndarray:

@@ -109,5 +109,5 @@ WRITERS: dict[str, Callable[[Iterator[pa.Table], Path], None]] = {
 def write_format(name: str, merged: str | os.PathLike, meta: fmt.DatasetMeta, out: Path) -> None:
     """Write format ``name`` of the merged set into the (new, empty) folder ``out``, then its ``export.json``."""
     out.mkdir(parents=True)
-    WRITERS[name](iter(fmt.mapped_shards(merged, fmt.shard_files(merged))), out)
+    WRITERS[name](iter(fmt.mapped_shards(merged, [s.filename for s in meta.shards])), out)
     write_json(out / fmt.EXPORT_FILE, lineage(meta, name))

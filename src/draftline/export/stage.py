@@ -36,8 +36,7 @@ def run_export(p: ExportParams, args: ExportArgs, stage: StageRun) -> None:
     if not (Path(args.merged) / fmt.META_FILE).is_file():
         raise MissingInput(f"{Path(args.merged) / fmt.META_FILE} is missing: {args.merged} is not a merged training "
                            "set; run the merge stage first (dvc repro merge)")
-    meta = fmt.read_meta(args.merged)
-    fmt.verify_shards(args.merged, meta)
+    meta, _ = fmt.verified_shard_files(args.merged)  # a draftline dataset (its draftline.json was found above)
     manifest = {"formats": list(p.formats), "source": lineage(meta, "draftline")}
     with atomic_path(args.out) as tmp:
         tmp.mkdir(parents=True)

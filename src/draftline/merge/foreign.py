@@ -97,6 +97,6 @@ def read_foreign(folder: Path, kind: str, where: str) -> list[pa.Table]:
     """The base's rows as legacy tables (see the module docstring)."""
     if kind == "specforge":
         return read_specforge(folder, where)
-    tables = fmt.mapped_shards(folder, fmt.shard_files(folder))
+    tables = fmt.mapped_shards(folder, fmt.verified_shard_files(folder)[1])
     convert = {"speculators": from_speculators, "hf": from_hf}[kind]
     return [convert(t.replace_schema_metadata(None), f"{where}") for t in tables]

@@ -68,13 +68,11 @@ def open_part(
         return Part(folder, where, None, [], tables, plan, "", kind, claim["tokenizer_fingerprint"] if claim else None)
     if not (folder / "state.json").is_file():
         raise MissingInput(f"{where} has no state.json: not a datasets save_to_disk folder")
-    meta = fmt.read_meta(folder) if (folder / fmt.META_FILE).is_file() else None
-    if meta is None and not legacy_ok:
+    if not legacy_ok and not (folder / fmt.META_FILE).is_file():
         fmt.read_meta(folder)  # raises its clear "not a draftline dataset" error
+    meta, files = fmt.verified_shard_files(folder)
     if meta is not None:
-        fmt.verify_shards(folder, meta)
         check_recorded_ids(meta, where, vocab_size)
-    files = fmt.shard_files(folder)
     fingerprint = json.loads((folder / "state.json").read_text(encoding="utf-8")).get("_fingerprint") or ""
     tables = fmt.mapped_shards(folder, files)
     schemas = {t.schema.remove_metadata() for t in tables}

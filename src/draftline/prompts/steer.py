@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from draftline.core.dataset import mapped_shards, read_meta, shard_files, verify_shards
+from draftline.core.dataset import mapped_shards, verified_shard_files
 from draftline.core.errors import MissingInput, Refusal
 
 
@@ -52,5 +52,5 @@ def base_prompt_ids(base: str | None) -> frozenset[str]:
     another trainer's layout (no ids: the merge still drops its prompts by content)."""
     if base is None or not (Path(base) / "draftline.json").is_file():
         return frozenset()
-    verify_shards(base, read_meta(base))  # a damaged base is refused here, as by every reader of a dataset
-    return frozenset(i for t in mapped_shards(base, shard_files(base)) for i in t.column("id").to_pylist())
+    _, files = verified_shard_files(base)  # a damaged base is refused here, as by every reader of a dataset
+    return frozenset(i for t in mapped_shards(base, files) for i in t.column("id").to_pylist())
