@@ -8,7 +8,8 @@ import pytest
 from merge_support import chat_rows, train_tokenizer, write_legacy, write_target, write_tokenized
 from transformers import AutoTokenizer
 
-from draftline.core.mix import Mix, folder_mix, read_record, shares, write_record
+from draftline.core import mix
+from draftline.core.mix import Mix, fingerprint_of, folder_mix, read_record, shares, write_record
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +52,27 @@ def test_mix_arithmetic() -> None:
     assert (a + b).amounts("samples") == {"code": 2, "math": 1, "tool_use": 0, "general": 0}
     assert (a + b).amounts("tokens")["code"] == 11 and (a + b).languages == {"en": 2, "fr": 1}
     assert Mix.from_dict((a + b).to_dict()) == a + b
+
+
+def test_a_changed_rule_gives_another_classifier_fingerprint() -> None:
+    """The fingerprint is of the rules' text: one cue taken out of the math rule, another fingerprint."""
+    import draftline.core.classify as classify
+
+    text = Path(classify.__file__).read_text(encoding="utf-8")
+    assert "(?:how many|how much|" in text
+    assert fingerprint_of([text]) != fingerprint_of([text.replace("(?:how many|how much|", "(?:how much|", 1)])
+    assert fingerprint_of(["ab", "c"]) != fingerprint_of(["a", "bc"])
+
+
+def test_labels_and_records_of_other_rules_are_never_read(tok_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    write_legacy(tmp_path / "base", chat_rows(tok_dir, ["code", "math"] * 10))
+    tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+    first, _ = folder_mix(tmp_path / "base", tok, cache=tmp_path / "cache")
+    write_record(tmp_path / "rec", first.entries())
+    assert read_record(tmp_path / "rec") == first.entries()
+    # The rules change (their fingerprint with them): the cached labels and the record are of the old rules.
+    monkeypatch.setattr(mix, "classifier_fingerprint", lambda: "other-rules")
+    again, _ = folder_mix(tmp_path / "base", tok, cache=tmp_path / "cache")
+    assert again.cached == 0 and again.labelled == len(first.checksums)
+    assert read_record(tmp_path / "rec") == {}

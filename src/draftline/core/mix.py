@@ -13,31 +13,38 @@ carried byte-identical into a later round keeps its labels without being read ag
 - ``<dataset folder>/mix.json`` (:data:`MIX_FILE`): per shard, rows and tokens per domain and rows per language.
   The merge stage writes it into the merged folder (carried shards' entries copied, new shards' counted), so a
   merged set used as the next round's base answers "what is in it" in milliseconds.
-- ``<cache>/mix/<checksum>-v<version>.npz``: per shard, every row's domain and language (one byte each), for a
+- ``<cache>/mix/<checksum>-<classifier>.npz``: per shard, every row's domain and language (one byte each), for a
   shard with no ``mix.json`` entry (a legacy base): labelled the first time any stage needs it (the prompt stage,
   aiming ``blend.target_mix``), reused by the next (the merge stage, which re-cuts a legacy base into new shards and
   counts those from the same per-row labels instead of decoding the base a second time). ``<cache>`` is
   :func:`draftline.core.scratch.cache_root`.
 
-:data:`CLASSIFIER_VERSION` is part of both: changing the rules in core/classify.py invalidates every record.
+:func:`classifier_fingerprint` is part of both: a hash of the code that produces a label (core/classify.py's rules and
+tables, the text this module hands it, the language model's version), so changing a rule invalidates every record and
+cached label, with no version to bump by hand.
 Memory is flat in the row count: shards are memory-mapped and read :data:`draftline.core.dataset.BATCH_ROWS` rows
 at a time, their pages dropped after each shard; what is kept is two bytes a row.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import inspect
 import json
 import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
+from draftline.core import classify
 from draftline.core import dataset as fmt
 from draftline.core.classify import DOMAINS, UNDETERMINED, classify_rendered
 from draftline.core.files import atomic_path, write_json
@@ -48,8 +55,6 @@ from draftline.core.scratch import cache_root
 log = get_logger(__name__)
 
 MIX_FILE = "mix.json"
-# Bump when core/classify.py's rules change: records of another version are recomputed, never mixed.
-CLASSIFIER_VERSION = 1
 HEAD, TAIL = 256, 768
 
 
@@ -146,9 +151,27 @@ def label_table(table: pa.Table, tokenizer: Any) -> tuple[list[str], list[str]]:
     return domains, langs
 
 
+def fingerprint_of(sources: Iterable[str]) -> str:
+    """xxh3-64 of texts, each length-prefixed (no two lists of texts hash alike by concatenation)."""
+    h = xxhash.xxh3_64()
+    for text in sources:
+        data = text.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def classifier_fingerprint() -> str:
+    """What a label depends on: core/classify.py whole (rules, cue tables, thresholds), the code here that picks
+    the text it reads (:func:`_prompt_spans`, :func:`label_table`, :data:`HEAD` / :data:`TAIL`) and py3langid's
+    version (its model ships in the package)."""
+    return fingerprint_of([inspect.getsource(classify), inspect.getsource(_prompt_spans), inspect.getsource(label_table),
+                           f"{HEAD},{TAIL}", importlib.metadata.version("py3langid")])
+
+
 # --- per-row labels cache (a shard with no recorded mix) -------------------------------------------------------
 def _cache_file(checksum: str, cache: Path | None) -> Path:
-    return Path(cache or cache_root()) / "mix" / f"{checksum}-v{CLASSIFIER_VERSION}.npz"
+    return Path(cache or cache_root()) / "mix" / f"{checksum}-{classifier_fingerprint()}.npz"
 
 
 def _lang_codes(langs: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -183,13 +206,13 @@ def read_record(folder: str | os.PathLike) -> dict[str, Mix]:
     if not path.is_file():
         return {}
     d = json.loads(path.read_text(encoding="utf-8"))
-    if d.get("classifier_version") != CLASSIFIER_VERSION:
+    if d.get("classifier") != classifier_fingerprint():
         return {}
     return {k: Mix.from_dict(v) for k, v in d["shards"].items()}
 
 
 def write_record(folder: str | os.PathLike, entries: dict[str, Mix]) -> None:
-    write_json(Path(folder) / MIX_FILE, {"classifier_version": CLASSIFIER_VERSION,
+    write_json(Path(folder) / MIX_FILE, {"classifier": classifier_fingerprint(),
                                          "shards": {k: entries[k].to_dict() for k in sorted(entries)}})
 
 
