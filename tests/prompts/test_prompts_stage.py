@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -271,6 +272,25 @@ def test_a_damaged_base_is_refused_by_name_before_its_mix_is_read(env: Path, qwe
     assert not (env / f"damaged_{layout}").exists()
 
 
+@pytest.mark.parametrize("change, why", [
+    ({"target": {"tokenizer_fingerprint": "f" * 64}}, "another target: target.tokenizer_fingerprint ffffffffffff vs"),
+    ({"target": None}, "records no target"),
+    ({"per_source": {"glaive": 4.0}}, "per_source.glaive is 4.0"),
+    ({"per_source": {"glaive": {"acceptance": "high"}}}, "per_source.glaive.acceptance is 'high'"),
+    ({"per_source": {"other_source": {"acceptance": 3.0}}}, "measured none of the weighted sources"),
+])
+def test_steer_refuses_an_evaluation_it_cannot_use_in_one_line(env: Path, tmp_path: Path, change: dict, why: str
+                                                              ) -> None:
+    from draftline.prompts.steer import steer_factors
+
+    ours = load_target(env / "target" / "target.json").tokenizer_fingerprint
+    evaluation = {"target": change.get("target", {"tokenizer_fingerprint": ours}),
+                  "settings": {"sampled": {"per_source": change.get("per_source", {"glaive": {"acceptance": 4.0}})}}}
+    (tmp_path / "eval.json").write_text(json.dumps(evaluation))
+    with pytest.raises(Refusal, match=re.escape(why)):
+        steer_factors({"glaive": 1.0, "hermes": 1.0}, tmp_path / "eval.json", "sampled", 1.0, ours)
+
+
 def test_target_mix_in_tokens_meets_each_domain_within_a_row(env: Path) -> None:
     target = {"code": 0.25, "math": 0.25, "tool_use": 0.25, "general": 0.25}
     details, _ = _run(env, "aimed_tokens", {**BLEND, "unit": "tokens", "total": 6000, "target_mix": target,
@@ -302,20 +322,22 @@ def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path
     from draftline.prompts.steer import steer_factors
 
     report = tmp_path / "eval.json"
+    ours = load_target(env / "target" / "target.json").tokenizer_fingerprint
     per_source = {"glaive": {"acceptance": 4.0}, "agent_reason": {"acceptance": 2.0}, "hermes": {"acceptance": 3.2}}
-    report.write_text(json.dumps({"settings": {"sampled": {"per_source": per_source}}}))
+    evaluation = {"target": {"tokenizer_fingerprint": ours}, "settings": {"sampled": {"per_source": per_source}}}
+    report.write_text(json.dumps(evaluation))
     weights = {"glaive": 2.0, "agent_reason": 1.0, "hermes": 1.0, "http": 1.0}
-    f = steer_factors(weights, report, "sampled", 1.0)
+    f = steer_factors(weights, report, "sampled", 1.0, ours)
     assert {s: x["factor"] for s, x in f.items()} == {"glaive": 1.0, "agent_reason": 2.0, "hermes": 1.25, "http": 1.0}
-    assert steer_factors(weights, report, "sampled", 2.0)["agent_reason"]["factor"] == 4.0
-    assert {x["factor"] for x in steer_factors(weights, report, "sampled", 0.0).values()} == {1.0}
+    assert steer_factors(weights, report, "sampled", 2.0, ours)["agent_reason"]["factor"] == 4.0
+    assert {x["factor"] for x in steer_factors(weights, report, "sampled", 0.0, ours).values()} == {1.0}
     with pytest.raises(Exception, match="greedy"):
-        steer_factors(weights, report, "greedy", 1.0)
+        steer_factors(weights, report, "greedy", 1.0, ours)
     with pytest.raises(Exception, match="does not exist"):
-        steer_factors(weights, tmp_path / "none.json", "sampled", 1.0)
+        steer_factors(weights, tmp_path / "none.json", "sampled", 1.0, ours)
     (tmp_path / "cut.json").write_text('{"settings": {"sampled": ')  # a report cut half-way: refused, named
     with pytest.raises(Refusal, match="not an evaluate report"):
-        steer_factors(weights, tmp_path / "cut.json", "sampled", 1.0)
+        steer_factors(weights, tmp_path / "cut.json", "sampled", 1.0, ours)
     # In the stage: the report shows requested, steered and achieved shares; the lagging source gains rows.
     plain, _ = _run(env, "unsteered", {**BLEND, "total": 17})
     steer = {"eval": str(report), "setting": "sampled", "strength": 3.0}

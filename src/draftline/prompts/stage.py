@@ -290,13 +290,13 @@ def base_mix(base: str | None, tokenizer: Any, stage: StageRun, needed: bool) ->
     return fm.total
 
 
-def steering(blend: BlendParams, order: Sequence[str]) -> dict[str, dict[str, Any]]:
+def steering(blend: BlendParams, order: Sequence[str], tokenizer_fingerprint: str) -> dict[str, dict[str, Any]]:
     """``blend.steer``'s acceptance and weight factor per weighted source (:mod:`draftline.prompts.steer`); {} off."""
     if blend.steer is None:
         return {}
     plan = source_plan(order, blend.sources)
     weights = {name: x["weight"] for name, x in plan.items() if not x["whole"] and x["weight"] > 0}
-    factors = steer_factors(weights, blend.steer.eval, blend.steer.setting, blend.steer.strength)
+    factors = steer_factors(weights, blend.steer.eval, blend.steer.setting, blend.steer.strength, tokenizer_fingerprint)
     return {name: {"weight": weights[name], **factors[name]} for name in weights}
 
 
@@ -328,11 +328,12 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     _check_names(order, p.dedup, p.blend)
     records, reports = collect(order, p.prompts, args.conversations)
     kept = deduplicate(records, reports, p.dedup, order)
-    tokenizer = load_tokenizer(load_target(args.target))
+    target = load_target(args.target)
+    tokenizer = load_tokenizer(target)
     cost = Costs(kept, tokenizer, p.enable_thinking)
     base = base_mix(p.base, tokenizer, stage, p.blend.target_mix is not None or p.blend.max_domain_share is not None)
     labels = Labels(kept)
-    steer = steering(p.blend, order)
+    steer = steering(p.blend, order, target.tokenizer_fingerprint)
     blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit),
                        base_prompt_ids(p.base), {s: x["factor"] for s, x in steer.items()})
     train_labels = [labels(r.id) for r in blend.train]

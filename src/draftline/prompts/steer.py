@@ -26,25 +26,53 @@ from draftline.core.dataset import mapped_shards, verified_shard_files
 from draftline.core.errors import MissingInput, Refusal
 
 
-def steer_factors(weights: Mapping[str, float], report: str | Path, setting: str, strength: float
-                  ) -> dict[str, dict[str, Any]]:
-    """Per weighted source: its acceptance (None where unmeasured) and its weight factor under the rule above."""
+def steer_factors(weights: Mapping[str, float], report: str | Path, setting: str, strength: float,
+                  tokenizer_fingerprint: str) -> dict[str, dict[str, Any]]:
+    """Per weighted source: its acceptance (None where unmeasured) and its weight factor under the rule above.
+
+    Refused in one line: an evaluation of another target (its recorded tokenizer fingerprint, naming both), one that
+    records none (written by an older draftline), a malformed source figure, and one that measured none of the
+    weighted sources (steering would silently be off)."""
     path = Path(report)
     if not path.is_file():
         raise MissingInput(f"blend.steer.eval: {path} does not exist; keep the previous round's reports/eval.json "
                            "under data/drafters/ (README \"Rounds\")")
     try:
-        settings = json.loads(path.read_text()).get("settings", {})
+        evaluation = json.loads(path.read_text())
+        settings = evaluation.get("settings", {})
     except (json.JSONDecodeError, AttributeError) as e:
         raise Refusal(f"blend.steer.eval: {path} is not an evaluate report (reports/eval.json): {e}") from e
+    theirs = (evaluation.get("target") or {}).get("tokenizer_fingerprint")
+    if theirs is None:
+        raise Refusal(f"blend.steer.eval: {path} records no target (written by an older draftline): evaluate that "
+                      "drafter again (dvc repro evaluate) and keep the new report")
+    if theirs != tokenizer_fingerprint:
+        raise Refusal(f"blend.steer.eval: {path} evaluated another target: target.tokenizer_fingerprint "
+                      f"{theirs[:12]} vs this target's {tokenizer_fingerprint[:12]}")
     if setting not in settings or not isinstance(settings[setting].get("per_source"), dict):
         raise Refusal(f"blend.steer.setting {setting!r} has no per-source figures in {path}; it has {sorted(settings)}")
-    per_source = settings[setting]["per_source"]
-    acceptance = {s: per_source.get(s, {}).get("acceptance") for s in weights}
+    acceptance = {s: source_acceptance(settings[setting]["per_source"], s, path) for s in weights}
     measured = [a for a in acceptance.values() if a]
-    best = max(measured) if measured else None
-    return {s: {"acceptance": a, "factor": round((best / a) ** strength, 6) if a and best else 1.0}
+    if not measured:
+        raise Refusal(f"blend.steer.eval: {path} measured none of the weighted sources {sorted(weights)} (it has "
+                      f"{sorted(settings[setting]['per_source'])}): steering would be off; evaluate a drafter of "
+                      "these sources, or set blend.steer: null")
+    best = max(measured)
+    return {s: {"acceptance": a, "factor": round((best / a) ** strength, 6) if a else 1.0}
             for s, a in acceptance.items()}
+
+
+def source_acceptance(per_source: Mapping[str, Any], source: str, path: Path) -> float | None:
+    """A source's acceptance in an evaluation's ``per_source`` (None where it was not measured)."""
+    if source not in per_source:
+        return None
+    figure = per_source[source]
+    if not isinstance(figure, dict):
+        raise Refusal(f"blend.steer.eval: {path}: per_source.{source} is {figure!r}, not a source's figures")
+    value = figure.get("acceptance")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+        raise Refusal(f"blend.steer.eval: {path}: per_source.{source}.acceptance is {value!r}, not a positive number")
+    return value
 
 
 def base_prompt_ids(base: str | None) -> frozenset[str]:
