@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from draftline.core.params import ParamsError
-from draftline.drafter.model import DFlashDrafter, make_config, target_features, warm_start
+from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config, target_features, warm_start
 from draftline.train.data import collate
 from draftline.train.objective import dflash_loss, pack_features
 from draftline.train.params import TrainParams
@@ -186,12 +186,15 @@ def test_dflash2_trains_from_scratch_and_from_a_dflash1_drafter(tmp_path, workdi
     ("target_layer_ids", lambda c: c["dflash_config"].update(target_layer_ids=[0, 2])),
     ("hidden_size", lambda c: c.update(hidden_size=32, head_dim=8)),
     ("vocab_size", lambda c: c.update(vocab_size=300)),
+    ("block_size", lambda c: c.update(block_size=16)),
+    ("tokenizer_fingerprint", lambda c: c["draftline"].update(tokenizer_fingerprint="0" * 64)),
+    ("records no mask_token_id", lambda c: c["dflash_config"].pop("mask_token_id")),
 ])
 def test_a_starting_drafter_that_does_not_fit_is_refused_naming_the_field(tmp_path, workdir, train, field, change):
     from transformers import Qwen3ForCausalLM
 
     target = Qwen3ForCausalLM.from_pretrained(workdir / "target-model")
-    layer_ids = [1, 3, 4]  # what target_layers=3 picks on the 6-layer target (z-lab's rule)
+    layer_ids = build_target_layer_ids(6, 3)  # what the run's target_layers=3 picks on the 6-layer target: all fits but `field`
     config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),
                          target_layer_ids=layer_ids)
     folder = tmp_path / "drafters" / "bad"

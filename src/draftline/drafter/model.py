@@ -367,21 +367,30 @@ def warm_start(drafter: DFlashDrafter, path: str | Path) -> dict[str, Any]:
     """Load the weights of the drafter checkpoint in ``path`` (draftline's or z-lab's layout) into ``drafter``.
 
     The checkpoint must fit the drafter (and so the target it was built for): hidden size, vocabulary, mask token,
-    target layers and number of layers, and every shared tensor's shape; a misfit raises :class:`DrafterMismatch`
-    naming the field. DFlash 1 -> DFlash 2 is a warm start: the convolutions and the selector keep their identity /
+    block size, target layers and number of layers, its training data's tokenizer fingerprint where it records one,
+    and every shared tensor's shape; a misfit raises :class:`DrafterMismatch` naming the field. DFlash 1 -> DFlash 2 is a warm start: the convolutions and the selector keep their identity /
     zero start, so the drafter drafts what the checkpoint drafts. DFlash 2 -> DFlash 1 is refused (it would drop the
     selector). Returns what was loaded (for the report)."""
     path = Path(path)
     source = read_config(path)
     mine = drafter.config
+    if dflash_value(source, "mask_token_id") is None:
+        raise DrafterMismatch(f"the drafter in {path} records no mask_token_id (dflash_config): nothing says which "
+                              "target it was trained for")
     checks = {
         "hidden_size": (source.hidden_size, mine.hidden_size),
         "vocab_size": (source.vocab_size, mine.vocab_size),
         "mask_token_id": (int(dflash_value(source, "mask_token_id")), drafter.mask_token_id),
+        "block_size": (getattr(source, "block_size", None), drafter.block_size),
         "target_layer_ids": ([int(i) for i in dflash_value(source, "target_layer_ids")],
                              list(drafter.target_layer_ids)),
         "num_hidden_layers": (source.num_hidden_layers, mine.num_hidden_layers),
     }
+    # A draftline drafter records its training data's tokenizer: one of another target with the same shapes (another
+    # embedded seed) must not pass. A released z-lab drafter records none; its shapes are all there is to check.
+    theirs = getattr(source, "draftline", None)
+    if isinstance(theirs, dict) and "tokenizer_fingerprint" in theirs:
+        checks["tokenizer_fingerprint"] = (theirs["tokenizer_fingerprint"], lineage_of(mine)["tokenizer_fingerprint"])
     for name, (theirs, ours) in checks.items():
         if theirs != ours:
             raise DrafterMismatch(f"the drafter in {path} has {name} {theirs}, this run needs {ours}")
