@@ -123,7 +123,8 @@ def train(root: Path, out: str, **overrides) -> dict:
     assert isinstance(p.dflash2, DFlash2Params)
     args = TrainArgs(merged=root / "data" / "merged", target=root / "data" / "target" / "target.json",
                      out=root / "ckpt" / out, metrics=root / "metrics" / f"{out}.json",
-                     report=root / "reports" / f"{out}.json", plot=root / "plots" / f"{out}.csv")
+                     report=root / "reports" / f"{out}.json", plot=root / "plots" / f"{out}.csv",
+                     drafters=root / "data" / "drafters")
     return execute("train", run_train, p, args).details
 
 

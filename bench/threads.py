@@ -65,7 +65,7 @@ def _generate(tmp: Path, _steps: int, prompts: int) -> float:
     lines = (DATA / "prompts" / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
     (tmp / "train.jsonl").write_text("".join(lines[:prompts]), encoding="utf-8")
     args = GenerateArgs(prompts=tmp / "train.jsonl", target=DATA / "target" / "target.json", out=tmp / "completions",
-                        metrics=tmp / "m.json", report=tmp / "r.json")
+                        metrics=tmp / "m.json", report=tmp / "r.json", drafters=DATA / "drafters")
     return execute("generate", run_generate, GenerateParams.load("generate"), args).run["generation_seconds"]
 
 
@@ -76,7 +76,7 @@ def _train(tmp: Path, steps: int, _prompts: int) -> float:
 
     cfg = dataclasses.replace(TrainParams.load("train"), max_steps=steps, save_every=10**9, log_every=steps)
     args = TrainArgs(merged=DATA / "merged", target=DATA / "target" / "target.json", out=tmp / "ckpt",
-                     metrics=tmp / "m.json", report=tmp / "r.json", plot=tmp / "p.csv")
+                     metrics=tmp / "m.json", report=tmp / "r.json", plot=tmp / "p.csv", drafters=DATA / "drafters")
     return execute("train", run_train, cfg, args).run["train_seconds"] / steps
 
 

@@ -38,7 +38,8 @@ def run_stage(feature_cache_gb: float, steps: int) -> dict:
         os.environ["DRAFTLINE_CACHE"] = str(Path(tmp) / "cache")  # the resumable states: a fresh start each run
         out = Path(tmp)
         args = TrainArgs(merged=REPO / "data/merged", target=REPO / "data/target/target.json", out=out / "ckpt",
-                         metrics=out / "train.json", report=out / "report.json", plot=out / "loss.csv")
+                         metrics=out / "train.json", report=out / "report.json", plot=out / "loss.csv",
+                         drafters=REPO / "data/drafters")
         t = time.perf_counter()
         stage = execute("train", run_train, cfg, args)
         wall = time.perf_counter() - t

@@ -128,7 +128,7 @@ def args(root: Path, **overrides):
     paths = dict(
         merged=root / "data" / "merged", target=root / "data" / "target" / "target.json",
         out=root / "data" / "checkpoints", metrics=root / "metrics" / "train.json",
-        report=root / "reports" / "train.json", plot=root / "plots" / "train_loss.csv",
+        report=root / "reports" / "train.json", plot=root / "plots" / "train_loss.csv", drafters=root / "data" / "drafters",
     )
     return TrainArgs(**{**paths, **overrides})
 

@@ -74,7 +74,7 @@ def stage_args(root: Path, out: Path | None = None) -> GenerateArgs:
     """The paths dvc.yaml passes, under ``root`` laid out as :func:`make_project` makes it."""
     return GenerateArgs(prompts=root / "data/prompts/train.jsonl", target=root / "data/target/target.json",
                         out=out or root / "data/completions", metrics=root / "metrics/generate.json",
-                        report=root / "reports/generate.json")
+                        report=root / "reports/generate.json", drafters=root / "data/drafters")
 
 
 def stage_argv(root: Path) -> list[str]:

@@ -85,7 +85,7 @@ def test_a_speculating_servers_acceptance_is_read_from_sglangs_meta_info(tmp_pat
     # A journal of its own: over the plain run's journal the drafter would send nothing (not in the journal key).
     monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "other-cache"))
     with FakeSGLang(spec_accept_length=3) as srv:
-        p = {**sglang_params(srv.url), "draft_model": "data/drafters/round1"}
+        p = {**sglang_params(srv.url), "draft_model": str(tmp_path / "drafted/data/drafters/round1")}
         m = run_in(make_project(tmp_path / "drafted", prompts, p), p)
         assert len(srv.requests) == 6 and all(r["body"]["return_meta_info"] is True for r in srv.requests)
     assert shard_bytes(tmp_path / "drafted") == shard_bytes(tmp_path / "plain")
@@ -116,6 +116,16 @@ def test_failures_recorded_then_retried_on_the_next_run(tmp_path):
         assert sorted(r["id"] for r in srv.requests) == sorted([bad, flaky])
     assert m.headline["rows"] == 6 and m.headline["failed"] == 0
     assert [r["id"] for r in read_rows(tmp_path)] == [q.id for q in prompts]
+
+
+def test_a_drafter_outside_the_tracked_folder_is_refused_before_anything_is_sent(tmp_path):
+    from draftline.core.tracked import Untracked
+
+    with FakeSGLang() as srv:
+        p = {**sglang_params(srv.url), "draft_model": str(tmp_path / "elsewhere" / "round1")}
+        with pytest.raises(Untracked, match=r"generate\.draft_model .* is outside .*data/drafters"):
+            run_in(make_project(tmp_path / "p", make_prompts(2), p), p)
+        assert not srv.requests
 
 
 def test_truncated_answers_excluded_and_counted(tmp_path):

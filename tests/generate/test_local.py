@@ -46,7 +46,7 @@ def _prompts(n):
 def _run(tmp_path, target, params):
     """The stage over ``tmp_path``'s train.jsonl and the target folder ``target``."""
     args = GenerateArgs(prompts=tmp_path / "train.jsonl", target=target / "target.json", out=tmp_path / "out",
-                        metrics=tmp_path / "metrics.json", report=tmp_path / "report.json")
+                        metrics=tmp_path / "metrics.json", report=tmp_path / "report.json", drafters=tmp_path.parent)
     return execute("generate", run_generate, gen_params(params), args)
 
 

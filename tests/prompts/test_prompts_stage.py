@@ -158,7 +158,8 @@ def test_an_infeasible_blend_run_as_dvc_runs_it_prints_one_line_and_exits_1(env:
     argv = ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
             str(env / "target/target.json"), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
             "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
-            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv")]
+            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"),
+            "--drafters", str(env / "drafters")]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main("prompts", PromptsArgs, lambda _: settings, run_prompts, argv)
@@ -321,7 +322,8 @@ def test_a_bases_prompts_are_never_picked_again_and_the_eval_split_stays(env: Pa
 def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path) -> None:
     from draftline.prompts.steer import steer_factors
 
-    report = tmp_path / "eval.json"
+    report = env / "drafters" / "round1.eval.json"  # where the stage's dependency folder keeps it
+    report.parent.mkdir(exist_ok=True)
     ours = load_target(env / "target" / "target.json").tokenizer_fingerprint
     per_source = {"glaive": {"acceptance": 4.0}, "agent_reason": {"acceptance": 2.0}, "hermes": {"acceptance": 3.2}}
     evaluation = {"target": {"tokenizer_fingerprint": ours}, "settings": {"sampled": {"per_source": per_source}}}
@@ -347,3 +349,13 @@ def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path
     assert "codefeedback" not in table  # whole: taken in full, never steered
     assert steered["sources"]["agent_reason"]["achieved_rows"] > plain["sources"]["agent_reason"]["achieved_rows"]
     assert steered["train_rows"] == plain["train_rows"] == 17
+
+
+def test_a_steer_file_outside_the_tracked_folder_is_refused_with_the_fix(env: Path, tmp_path: Path) -> None:
+    """DVC cannot see an evaluation outside the stage's drafters folder change: refused before anything is read."""
+    from draftline.core.tracked import Untracked
+
+    steer = {"eval": str(tmp_path / "eval.json"), "setting": "sampled", "strength": 1.0}
+    with pytest.raises(Untracked, match=r"blend\.steer\.eval .* is outside .*drafters.*cp -r .* && dvc add"):
+        _run(env, "untracked", {**BLEND, "steer": steer})
+    assert not (env / "untracked").exists()

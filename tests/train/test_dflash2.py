@@ -197,14 +197,25 @@ def test_a_starting_drafter_that_does_not_fit_is_refused_naming_the_field(tmp_pa
     layer_ids = build_target_layer_ids(6, 3)  # what the run's target_layers=3 picks on the 6-layer target: all fits but `field`
     config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),
                          target_layer_ids=layer_ids)
-    folder = tmp_path / "drafters" / "bad"
+    root = _copy_inputs(workdir, tmp_path / "p")
+    folder = root / "data" / "drafters" / "bad"
     DFlashDrafter(config).save_pretrained(folder)
     raw = json.loads((folder / "config.json").read_text())
     change(raw)
     (folder / "config.json").write_text(json.dumps(raw))
-    root = _copy_inputs(workdir, tmp_path / "p")
     with pytest.raises(ParamsError, match=rf"train\.init_from .*{field}"):
         train(S.train_params(max_steps=1, init_from=str(folder)), root)
+
+
+def test_a_starting_drafter_outside_the_tracked_folder_is_refused_with_the_fix(tmp_path, workdir, train):
+    """DVC cannot see a drafter outside data/drafters change: refused before anything runs, naming the commands."""
+    from draftline.core.tracked import Untracked
+
+    root = _copy_inputs(workdir, tmp_path / "p")
+    outside = tmp_path / "elsewhere" / "round1"
+    with pytest.raises(Untracked, match=r"train\.init_from .* is outside .*data/drafters.*cp -r .* && dvc add"):
+        train(S.train_params(max_steps=1, init_from=str(outside)), root)
+    assert not (root / "data" / "checkpoints").exists()
 
 
 def test_params_name_a_bad_dflash2_section():

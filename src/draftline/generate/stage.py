@@ -21,6 +21,7 @@ from draftline.core.records import TargetInfo, read_prompts
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.scratch import scratch_dir
 from draftline.core.target import load_target
+from draftline.core.tracked import require_tracked
 from draftline.generate.batches import generate_local
 from draftline.generate.journal import OK, Journal, start_at
 from draftline.generate.key import journal_decides
@@ -44,6 +45,7 @@ class GenerateArgs(StageArgs):
     target: Path  # the target's target.json
     out: Path  # the completions folder
     metrics: Path
+    drafters: Path  # where earlier rounds' drafters and evaluations live (a dependency of the stage)
 
 
 def dispatch(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
@@ -65,6 +67,7 @@ def dispatch(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
 
 def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None:
     """The whole stage: completions for every prompt of ``args.prompts`` not already in the journal."""
+    require_tracked(p.draft_model, args.drafters, "generate.draft_model")
     if p.backend == "sglang":
         p.api_key()  # an unset key variable fails here, before any work
     stage.skips.strict = p.strict

@@ -37,6 +37,7 @@ from draftline.core.records import (
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import RowError, Skips
 from draftline.core.target import load_target, load_tokenizer
+from draftline.core.tracked import require_tracked
 from draftline.prompts.aim import aim, check_max_share
 from draftline.prompts.blend import Pool, Selection, hash_rank, select, source_plan, split_eval
 from draftline.prompts.canonical import cut_prompt, user_text
@@ -266,6 +267,7 @@ class PromptsArgs(StageArgs):
     plot: Path
     plot_shares: Path
     plot_languages: Path
+    drafters: Path  # where earlier rounds' drafters and evaluations live (a dependency of the stage)
 
 
 def base_mix(base: str | None, tokenizer: Any, stage: StageRun, needed: bool) -> Mix:
@@ -326,6 +328,7 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     blend is infeasible, the target mix out of reach, or a domain over ``blend.max_domain_share``."""
     order = list(p.sources)
     _check_names(order, p.dedup, p.blend)
+    require_tracked(p.blend.steer.eval if p.blend.steer else None, args.drafters, "blend.steer.eval")
     records, reports = collect(order, p.prompts, args.conversations)
     kept = deduplicate(records, reports, p.dedup, order)
     target = load_target(args.target)

@@ -19,6 +19,7 @@ from pathlib import Path
 from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
 from draftline.core.runner import StageArgs, StageRun, run_file
+from draftline.core.tracked import require_tracked
 from draftline.train.params import TrainParams
 from draftline.train.trainer import train
 
@@ -34,6 +35,7 @@ class TrainArgs(StageArgs):
     out: Path  # the drafter's checkpoint folder
     metrics: Path
     plot: Path  # the loss curve
+    drafters: Path  # where earlier rounds' drafters and evaluations live (a dependency of the stage)
 
 
 class RanksFailed(Refusal):
@@ -42,6 +44,7 @@ class RanksFailed(Refusal):
 
 def run_train(p: TrainParams, args: TrainArgs, stage: StageRun) -> None:
     """Train here, or re-execute this command under torchrun when ``gpus > 1``."""
+    require_tracked(p.init_from, args.drafters, "train.init_from")
     if p.gpus > 1 and "LOCAL_RANK" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={p.gpus}", *sys.argv]
         log.info("train.gpus=%d: relaunching under torchrun: %s", p.gpus, " ".join(cmd))
