@@ -115,3 +115,30 @@ def test_sampling_is_seeded_and_filters_as_servers_do(target):
     assert (nucleus[2:] == 0).all() and torch.allclose(nucleus[:2], torch.softmax(logits[0, :2], -1))
     with pytest.raises(ValueError):
         Sampling(temperature=-1.0, top_p=1.0, top_k=0)
+
+
+FILTERED = Sampling(temperature=0.8, top_p=0.9, top_k=4)
+
+
+@pytest.fixture(scope="module")
+def filtered(target) -> np.ndarray:
+    """The tempered, filtered target alone (drawn before any test swaps the verifier: target-only decoding draws
+    through it too)."""
+    return histograms(lambda s: target_generate(target, PROMPT, BLOCK, sampling=FILTERED, seed=s).tokens)
+
+
+def test_top_k_and_top_p_keep_the_filtered_targets_distribution(target, alone, filtered):
+    """Servers sample from the filtered, tempered target: speculative decoding must too. The filter is strong here
+    (top 4 of 12, then 90% of the mass), so the unfiltered target's histogram is far from it: the check has power."""
+    drafted = histograms(lambda s: speculative_generate(target, SkewedDraft(), PROMPT, BLOCK, sampling=FILTERED,
+                                                        seed=s).tokens)
+    assert min(homogeneity_pvalues(filtered, drafted)) > 1e-3
+    assert max(homogeneity_pvalues(alone, filtered)) < 1e-6
+
+
+def test_a_verifier_that_ignores_the_filter_fails_the_same_check(target, filtered, monkeypatch):
+    verify = decoding.verify_block
+    monkeypatch.setattr(decoding, "verify_block", lambda d, logits, _s, g: verify(d, logits, SAMPLING, g))
+    wrong = histograms(lambda s: speculative_generate(target, SkewedDraft(), PROMPT, BLOCK, sampling=FILTERED,
+                                                     seed=s).tokens)
+    assert min(homogeneity_pvalues(filtered, wrong)) < 1e-6
