@@ -133,13 +133,15 @@ def test_exp_run_changes_the_blend_and_reruns_from_prompts(project):
     assert "Data and pipelines are up to date." in run(["dvc", "status"], root, env)
 
 
-def test_compare_finds_a_weakened_drafter_worse_than_the_committed_one(project):
-    """`draftline compare` on a DVC experiment and a git revision: a drafter trained one step instead of 40 is worse
-    overall, greedy and sampled, the interval below 0; the committed evaluation against itself cannot tell."""
+def test_compare_finds_a_weakened_drafter_worse(project):
+    """`draftline compare` on DVC experiments and a git revision: a drafter trained one step is worse than one trained
+    300 (the committed 40-step drafter of this shrunk project is barely past one step), greedy and sampled, the
+    interval below 0; the committed evaluation against itself cannot tell."""
     root, env = project
-    log = run(["dvc", "exp", "run", "-n", "weak", "-S", "train.max_steps=1"], root, env)
-    assert ran(log) == {"train", "evaluate"}
-    got = json.loads(run(["draftline", "compare", "weak", "HEAD", "--json"], root, env))
+    for name, steps in (("weak", 1), ("strong", 300)):
+        log = run(["dvc", "exp", "run", "-n", name, "-S", f"train.max_steps={steps}"], root, env)
+        assert ran(log) == {"train", "evaluate"}
+    got = json.loads(run(["draftline", "compare", "weak", "strong", "--json"], root, env))
     for setting in ("greedy", "sampled"):
         overall = got[setting]["overall"]
         assert overall["verdict"] == "worse" and overall["acceptance"]["high"] < 0, overall

@@ -128,7 +128,7 @@ def test_the_stage_script_refuses_in_one_line_without_a_traceback(tmp_path, work
     target.write_text(json.dumps({**json.loads(target.read_text()), "tokenizer_fingerprint": "other"}))
     (root / "params.yaml").write_text(yaml.safe_dump({"train": S.small_params()}))
     a = S.args(root)
-    flags = [x for f in ("merged", "target", "out", "metrics", "report", "plot")
+    flags = [x for f in ("merged", "target", "out", "metrics", "report", "plot", "drafters")
              for x in (f"--{f}", str(getattr(a, f)))]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "DRAFTLINE_CACHE": str(S.cache(root))}
     env.pop("DRAFTLINE_PARAMS", None)
