@@ -2,7 +2,10 @@
 
 Many seeded continuations of one prompt are drawn with the target alone and with a proposer whose draft
 distribution is far from the target's; at each drafted position the two token histograms are compared with a
-chi-square test of homogeneity. The seeds are fixed, so the outcome is the same on every run of one machine; the
+chi-square test of homogeneity: at temperature 1, under top-k / top-p / temperature as servers filter, and with a
+DFlash 2 drafter whose selector drafts from its K-way distributions (q over the K candidates). Each check is shown
+failing on a planted bug (a verifier that accepts everything, one that ignores the filter, a K-way q taken as
+uniform). The seeds are fixed, so the outcome is the same on every run of one machine; the
 thresholds leave room for another machine's floats (a correct verifier sits far above 1e-3, a wrong one far below).
 """
 
@@ -142,3 +145,54 @@ def test_a_verifier_that_ignores_the_filter_fails_the_same_check(target, filtere
     wrong = histograms(lambda s: speculative_generate(target, SkewedDraft(), PROMPT, BLOCK, sampling=FILTERED,
                                                      seed=s).tokens)
     assert min(homogeneity_pvalues(filtered, wrong)) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def dflash2_drafter(target):
+    """A DFlash 2 drafter on the tiny target, every weight perturbed so that its selector's K-way distributions are
+    far from uniform and from the target's (a fresh selector walks the unary path)."""
+    from drafter_support import lineage
+
+    from draftline.drafter.model import DFlashDrafter, make_config
+
+    torch.manual_seed(1)
+    cfg = make_config(target.config, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, target_layer_ids=[0],
+                      lineage=lineage(), architecture="dflash2",
+                      dflash2={"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 4, "selector_top_k": 4})
+    drafter = DFlashDrafter(cfg)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return drafter.bind(target).eval()
+
+
+def test_dflash2_k_way_sampling_keeps_the_targets_distribution(target, alone, dflash2_drafter):
+    """The selector drafts from its K-way distribution over each position's top K (temperature only); the rejection
+    step takes that K-way distribution as q. The output must still be the target's (the next test shows the check
+    would see a wrong q on these very drafts)."""
+    from draftline.drafter.decoding import DFlashProposer
+
+    proposer = DFlashProposer(dflash2_drafter)
+    with torch.no_grad():
+        drafted = histograms(lambda s: speculative_generate(target, proposer, PROMPT, BLOCK, sampling=SAMPLING,
+                                                            seed=s).tokens)
+    assert min(homogeneity_pvalues(alone, drafted)) > 1e-3
+
+
+def test_a_k_way_q_taken_as_uniform_fails_the_same_check(target, alone, dflash2_drafter, monkeypatch):
+    """Power: the same drafts verified with q claimed uniform over the K candidates (not the selector's) bias the
+    output, and the check sees it."""
+    from draftline.drafter.decoding import DFlashProposer
+
+    select = DFlashProposer._select
+
+    def uniform_q(self, block, ctx):
+        draft = select(self, block, ctx)
+        return decoding.Draft(draft.tokens, torch.full_like(draft.probs, 1.0 / draft.probs.shape[-1]), draft.support)
+
+    monkeypatch.setattr(DFlashProposer, "_select", uniform_q)
+    proposer = DFlashProposer(dflash2_drafter)
+    with torch.no_grad():
+        wrong = histograms(lambda s: speculative_generate(target, proposer, PROMPT, BLOCK, sampling=SAMPLING,
+                                                         seed=s).tokens)
+    assert min(homogeneity_pvalues(alone, wrong)) < 1e-6
