@@ -1,7 +1,7 @@
 """DFlash 2 checkpoints as z-lab's own code reads them: ``dflash`` 0.1.0's ``DFlash2DraftModel.from_pretrained`` loads
 the folder with no missing or unexpected keys, and its ``dflash_generate`` drafts and accepts, prompt for prompt, what
-draftline's drafter does (greedy; its selector path and its logits' argmax path). Skipped where ``dflash`` is not
-installed (``pip install --no-deps dflash==0.1.0``)."""
+draftline's drafter does (greedy; its selector path and its logits' argmax path). Never skipped: a missing ``dflash``
+or another version than 0.1.0 fails, naming the fix (``pip install --no-deps dflash==0.1.0``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import time
 
 import pytest
 import torch
-from drafter_support import lineage
+from drafter_support import lineage, zlab_dflash
 from transformers import AutoModel, Qwen3Config, Qwen3ForCausalLM
 
 from draftline.drafter.model import DFlashDrafter, make_config, target_features
 
-zlab = pytest.importorskip("dflash.model", reason="z-lab's dflash package is not installed")
+zlab = zlab_dflash()
 
 VOCAB, BLOCK, MASK, MAX_NEW = 96, 4, 95, 24
 DFLASH2 = {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 6}
