@@ -295,8 +295,9 @@ def test_a_drafter_of_another_tokenizer_is_refused(tiny_target_dir, tmp_path):
 
 
 def test_a_dflash2_drafter_is_decoded_through_its_selector_and_reports_its_figures(tiny_target_dir, tmp_path):
-    """Greedy: lossless through the selector's path, with the figures DFlash 2 trainers log; sampled: the selector's
-    K-way probabilities are the rejection step's q. A fresh selector (successor codebook zero) walks the unary path."""
+    """Greedy: lossless through the selector's path, with the figures DFlash 2 trainers log (sampled settings have
+    none: they need the greedy gold tokens). A fresh selector (successor codebook zero) walks the unary path. That the
+    sampled K-way path keeps the target's distribution is tests/drafter/test_sampling.py's chi-square test."""
     from transformers import PretrainedConfig
 
     info = load_target(tiny_target_dir / "target.json")
