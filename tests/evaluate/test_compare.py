@@ -104,6 +104,9 @@ def test_a_setting_sampled_otherwise_is_refused_and_an_old_report_is_named(tmp_p
     del old["settings"]["greedy"]["per_request"]
     with pytest.raises(NotComparable, match="no per-request figures.*dvc repro evaluate"):
         load(str(write(tmp_path / "old.json", old)), tmp_path)
+    (tmp_path / "cut.json").write_text('{"settings": {"greedy": ')  # a report cut half-way: named, no traceback
+    with pytest.raises(NotComparable, match="cut.json: not an eval report"):
+        load(str(tmp_path / "cut.json"), tmp_path)
 
 
 def git(root: Path, *args: str) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 
 from draftline.core.errors import Refusal
-from draftline.evaluate.intervals import Interval, bootstrap, first, ratio_difference
+from draftline.evaluate.intervals import Interval, bootstrap, paired_bootstrap, ratio_difference
 from draftline.evaluate.params import HELDOUT
 
 # What must be equal for a request-by-request comparison to mean anything (dotted keys of the report).
@@ -93,9 +93,13 @@ def load(name: str, root: Path) -> Evaluation:
     else:
         rev = resolve(root, name)
         text = git_show(root, rev, report_path(root, rev))
-    report = json.loads(text)
-    settings = report.get("settings", {})
-    if not settings or any("per_request" not in s for s in settings.values()) or "prompts" not in report:
+    try:
+        report = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise NotComparable(f"{name}: not an eval report (invalid JSON: {e})") from e
+    settings = report.get("settings", {}) if isinstance(report, dict) else {}
+    if (not isinstance(settings, dict) or not settings or "prompts" not in report or "intervals" not in report
+            or any(not isinstance(s, dict) or "per_request" not in s for s in settings.values())):
         raise NotComparable(f"{name}: the eval report has no per-request figures (written by an older draftline): "
                             "re-run the evaluate stage there (dvc repro evaluate)")
     return Evaluation(name, report)
@@ -147,7 +151,7 @@ def compare_setting(a: dict[str, Any], b: dict[str, Any], draws: dict[str, Any])
         x = np.array([[ra[k][1], ra[k][2], rb[k][1], rb[k][2]] for k in keys], dtype=np.float64)
         acc_a, acc_b = x[:, 0] / x[:, 1], x[:, 2] / x[:, 3]
         rows.append(Row(group, float(acc_a.mean()), float(acc_b.mean()),
-                        bootstrap((acc_a - acc_b)[:, None], first, *draw), bootstrap(x, ratio_difference, *draw)))
+                        paired_bootstrap(acc_a, acc_b, *draw), bootstrap(x, ratio_difference, *draw)))
     return rows
 
 

@@ -42,7 +42,8 @@ def steer_factors(weights: Mapping[str, float], report: str | Path, setting: str
         settings = evaluation.get("settings", {})
     except (json.JSONDecodeError, AttributeError) as e:
         raise Refusal(f"blend.steer.eval: {path} is not an evaluate report (reports/eval.json): {e}") from e
-    theirs = (evaluation.get("target") or {}).get("tokenizer_fingerprint")
+    target = evaluation.get("target")
+    theirs = target.get("tokenizer_fingerprint") if isinstance(target, dict) else None
     if theirs is None:
         raise Refusal(f"blend.steer.eval: {path} records no target (written by an older draftline): evaluate that "
                       "drafter again (dvc repro evaluate) and keep the new report")
