@@ -100,7 +100,8 @@ def measure(seed: int, keep: Path | None, load: str, until: str | None) -> dict[
             run(["dvc", "repro", *([until] if until else [])], root, env, timeout=7200)
         wall = time.perf_counter() - t0
         eval_file = root / "reports" / "eval.json"
-        settings = json.loads(eval_file.read_text())["settings"] if eval_file.is_file() else {}
+        # The test split: this bench reports the default's figures (it picks nothing).
+        settings = json.loads(eval_file.read_text())["splits"]["test"] if eval_file.is_file() else {}
         target = json.loads((root / "reports" / "target.json").read_text())
         return {"seed": seed, "wall": wall, "stages": stage_seconds(root), "settings": settings,
                 "completions": completion_rates(root), "held_out": target.get("held_out", {})}

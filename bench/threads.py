@@ -89,7 +89,7 @@ def _evaluate(tmp: Path, _steps: int, _prompts: int) -> float:
     args = EvalArgs(checkpoint=DATA / "checkpoints", target=DATA / "target" / "target.json",
                     prompts=DATA / "prompts" / "eval.jsonl", sets=DATA / "sets" / "conversations",
                     metrics=tmp / "m.json", report=tmp / "r.json", positions=tmp / "positions",
-                    lengths=tmp / "lengths", steps=tmp / "steps.jsonl")
+                    lengths=tmp / "lengths", intervals=tmp / "intervals", steps=tmp / "steps.jsonl")
     run = execute("evaluate", run_evaluate, params, args).run
     return run["decode_seconds"]
 

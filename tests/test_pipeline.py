@@ -48,8 +48,10 @@ def test_repro_builds_every_output(project):
         assert set(ev[setting]["acceptance"]) == {"heldout", "gsm8k", "mt_bench"}
         # the headline carries the held-out figure's interval, which holds it
         assert ev[setting]["acceptance_low"] <= ev[setting]["acceptance"]["heldout"] <= ev[setting]["acceptance_high"]
+    assert set(ev["dev"]) == {"greedy", "sampled"}  # dev's held-out figure beside test's headline
     steps = [json.loads(x) for x in (root / "plots/eval_steps.jsonl").read_text().splitlines()]
     assert {(x["setting"], x["set"], x["turn"]) for x in steps} >= {("sampled", "mt_bench", 1), ("greedy", "gsm8k", 0)}
+    assert {x["split"] for x in steps} == {"dev", "test"}
     # The run files (times, speeds) stay out of git: a rerun never shows as a change to commit.
     assert not [line for line in run(["git", "status", "--porcelain"], root, env).splitlines() if ".run.json" in line]
     assert (root / "reports" / "train.run.json").is_file()
@@ -67,7 +69,7 @@ def test_metrics_show_is_a_few_headline_columns(project):
     files = next(iter(shown.values()))["data"]
     keys = {key for f in files.values() for key in flat(f["data"])}
     assert {"rows", "tokens", "skipped", "greedy.tau", "sampled.acceptance.gsm8k", "lossless"} <= keys, sorted(keys)
-    assert len(keys) <= 36, sorted(keys)  # 35: the held-out acceptance's interval added 4
+    assert len(keys) <= 38, sorted(keys)  # 37: the held-out acceptance's interval added 4, dev's figure 2
     assert sorted(files) == sorted(f"metrics/{s}.json" for s in
                                    ("target", "prompts", "generate", "tokenize", "merge", "export", "train", "eval"))
 

@@ -22,13 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("a")
     cmp.add_argument("b")
     cmp.add_argument("--repo", type=Path, default=Path.cwd(), help="the project (for revisions and experiments)")
+    cmp.add_argument("--split", choices=["test", "dev"], default="test",
+                     help="test (the reported split) or dev (what a decision reads: choosing a default, a mix)")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = parser.parse_args(argv)
 
     from draftline.evaluate.compare import as_json, compare, load, table
 
     try:
-        a, b = load(args.a, args.repo), load(args.b, args.repo)
+        a, b = load(args.a, args.repo, args.split), load(args.b, args.repo, args.split)
         result = compare(a, b)
     except Refusal as e:
         print(f"draftline compare: {e}", file=sys.stderr)

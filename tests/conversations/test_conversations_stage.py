@@ -49,7 +49,7 @@ def test_a_fields_source_with_options_reaches_the_target_and_the_prompts_alike(t
     assert target["embedded"]
     assert target["corpus_conversations"] + target["held_out"]["qa"]["prompts"] == len(convs)
 
-    blend = {**default_params("blend"), "total": 20, "eval_per_source": 2, "sources": {}}
+    blend = {**default_params("blend"), "total": 20, "eval": {"dev": 1, "test": 1}, "sources": {}}
     run.prompts(tmp_path, PromptsSettings(
         ["qa"], PromptsParams.parse(default_params("prompts"), "prompts"),
         DedupParams.parse(default_params("dedup", priority=[], near={"exact_numbers": []}), "dedup"),

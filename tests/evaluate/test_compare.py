@@ -27,8 +27,8 @@ def report(shift: float = 0.0, seed: int = 0, n: int = 40) -> dict:
             per_request[f"heldout/{source}-{i}#0"] = [source, int(rng.integers(20, 60)) + int(10 * shift), 10]
     for i in range(10):
         per_request[f"gsm8k/gsm8k-{i}#0"] = ["gsm8k", int(rng.integers(20, 40)) + int(10 * shift), 10]
-    setting = {"per_request": per_request}
-    return {"settings": {"greedy": setting, "sampled": copy.deepcopy(setting)}, "max_new_tokens": 128,
+    settings = {"greedy": {"per_request": per_request}, "sampled": {"per_request": per_request}}
+    return {"splits": {"dev": copy.deepcopy(settings), "test": copy.deepcopy(settings)}, "max_new_tokens": 128,
             "enable_thinking": False, "target": {"model_fingerprint": "m", "tokenizer_fingerprint": "t"},
             "prompts": {"fingerprint": "p", "requests": 2 * n + 10},
             "sampling": {"greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0},
@@ -68,10 +68,10 @@ def test_noise_alone_cannot_tell_and_a_real_gap_under_noise_is_found(tmp_path):
     base = report(seed=1)
     noisy, gap = copy.deepcopy(base), copy.deepcopy(base)
     rng = np.random.default_rng(2)
-    for key, (_, produced, _) in base["settings"]["greedy"]["per_request"].items():
+    for key, (_, produced, _) in base["splits"]["test"]["greedy"]["per_request"].items():
         noise = int(rng.integers(-6, 7))  # +-0.6 tokens a step, mean 0
-        noisy["settings"]["greedy"]["per_request"][key][1] = produced + noise
-        gap["settings"]["greedy"]["per_request"][key][1] = produced + noise + 5
+        noisy["splits"]["test"]["greedy"]["per_request"][key][1] = produced + noise
+        gap["splits"]["test"]["greedy"]["per_request"][key][1] = produced + noise + 5
     b = load(str(write(tmp_path / "b.json", base)), tmp_path)
     same = {r.group: r for r in compare(load(str(write(tmp_path / "n.json", noisy)), tmp_path), b)["greedy"]}
     assert same["overall"].verdict == "cannot tell"
@@ -101,10 +101,13 @@ def test_a_setting_sampled_otherwise_is_refused_and_an_old_report_is_named(tmp_p
     with pytest.raises(NotComparable, match="differ in sampling.sampled"):
         compare(a, load(str(write(tmp_path / "b.json", other)), tmp_path))
     old = report()
-    del old["settings"]["greedy"]["per_request"]
-    with pytest.raises(NotComparable, match="no per-request figures.*dvc repro evaluate"):
+    del old["splits"]["test"]["greedy"]["per_request"]
+    with pytest.raises(NotComparable, match="no per-request figures of the test split.*dvc repro evaluate"):
         load(str(write(tmp_path / "old.json", old)), tmp_path)
-    (tmp_path / "cut.json").write_text('{"settings": {"greedy": ')  # a report cut half-way: named, no traceback
+    older = {k: v for k, v in report().items() if k != "splits"} | {"settings": report()["splits"]["test"]}
+    with pytest.raises(NotComparable, match="of the dev split \\(its splits: none"):  # before the splits existed
+        load(str(write(tmp_path / "older.json", older)), tmp_path, "dev")
+    (tmp_path / "cut.json").write_text('{"splits": {"test": ')  # a report cut half-way: named, no traceback
     with pytest.raises(NotComparable, match="cut.json: not an eval report"):
         load(str(tmp_path / "cut.json"), tmp_path)
 
@@ -133,5 +136,13 @@ def test_revisions_read_the_committed_report_where_dvc_yaml_puts_it(tmp_path, ca
     assert main(["compare", "HEAD", "HEAD", "--repo", str(root), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert {g["verdict"] for s in got.values() for g in s.values()} == {"cannot tell"}
+    # --split dev reads the dev split only: there the second commit is no better than the first.
+    second = report(shift=1.0)
+    second["splits"]["dev"] = report()["splits"]["dev"]
+    write(root / "out" / "eval.json", second)
+    git(root, "commit", "-qam", "third: better on test only")
+    assert main(["compare", "HEAD", "HEAD~2", "--repo", str(root), "--split", "dev"]) == 0
+    out = capsys.readouterr().out
+    assert "on the dev split" in out and "better" not in out and "worse" not in out
     assert main(["compare", "HEAD", "no-such-rev", "--repo", str(root)]) == 2
     assert "neither a file, a git revision nor a DVC experiment" in capsys.readouterr().err

@@ -80,7 +80,7 @@ def eval_args(target_dir: Path, checkpoint: Path, prompts: Path, out: Path) -> E
     return EvalArgs(target=target_dir / "target.json", checkpoint=checkpoint, prompts=prompts,
                     sets=out / "sets", metrics=out / "metrics" / "eval.json", report=out / "reports" / "eval.json",
                     positions=out / "plots" / "acceptance", lengths=out / "plots" / "acceptance_lengths",
-                    steps=out / "plots" / "eval_steps.jsonl")
+                    intervals=out / "plots" / "acceptance_intervals", steps=out / "plots" / "eval_steps.jsonl")
 
 
 def evaluate(params: EvalParams, args: EvalArgs):
@@ -99,14 +99,15 @@ def test_render_matches_the_servers_render(tokenizer):
         assert "get_weather" in text and text.endswith("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n"))
 
 
-def test_prompt_selection_caps_each_source_and_counts_bad_lines(tmp_path):
+def test_prompt_selection_caps_each_source_and_split_and_counts_bad_lines(tmp_path):
     path = tmp_path / "eval.jsonl"
     lines = [prompt(i, "a", f"q{i}").to_json() for i in range(4)] + [prompt(0, "b", "b0").to_json()]
     lines[1:1] = ["{not json", json.dumps({"id": "x", "source": "a", "row": 9, "messages": []})]
     path.write_text("\n".join(lines) + "\n")
     skips = Skips(get_logger("test"))
     reqs = heldout_requests(read_prompts(path, skips), max_per_source=2)
-    assert [r.id for r in reqs] == ["a-0", "a-1", "b-0"]
+    # a-0, a-1 and a-3 hash to test, a-2 and b-0 to dev (core/splits.py): two of a's test prompts, its dev one.
+    assert [(r.id, r.split) for r in reqs] == [("a-0", "test"), ("a-1", "test"), ("a-2", "dev"), ("b-0", "dev")]
     assert all(r.set == "heldout" and len(r.turns) == 1 for r in reqs)
     assert skips.as_dict() == {"invalid JSON": 1, "no messages": 1}
 
@@ -137,9 +138,12 @@ def test_both_figures_histogram_and_plot_from_known_steps():
     assert s["histogram"] == [0.0, 0.2, 0.4, 0.2, 0.2]
     assert s["lossless"] == 0.5 and s["mismatched"] == ["p2#0"]
     assert s["target_forwards"] == {"with_drafter": 4 + 3, "without_drafter": 14, "saved_fraction": 0.5}
-    report = {"settings": {"greedy": s}}
+    # The headline is test's; dev's held-out figure beside it (what decisions read); lossless over both.
+    dev = {**s, "lossless": 1.0, "per_set": {"heldout": {"acceptance": 3.0, "acceptance_ci": [2.0, 4.0]}}}
+    report = {"splits": {"test": {"greedy": s}, "dev": {"greedy": dev}}}
     assert headline(report) == {"greedy": {"acceptance": {"heldout": s["acceptance"]}, "acceptance_low": one_turn,
                                            "acceptance_high": 2.5, "tau": 2.4, "acceptance_min_source": one_turn},
+                                "dev": {"greedy": 3.0},
                                 "lossless": 0.5}
     rows = acceptance_by_position([turn("p1", "a", one, None), turn("p2", "b", two, None)], 4)
     # accepted per step: 3, 1, 0, 2, 3 -> position 1: 4/5, 2: 3/5 (3 of the 4 that reached it), 3: 2/5 (2 of 3)
@@ -167,33 +171,47 @@ def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp
                          max_prompts_per_source=2, max_prompt_tokens=200)
     args = eval_args(tiny_target_dir, tiny_target_dir / "checkpoints", prompts, tmp_path)
     stage = evaluate(params, args)
-    greedy, sampled = stage.details["settings"]["greedy"], stage.details["settings"]["sampled"]
-    assert stage.details["requests"] == {"bench": 2, "heldout": 4}  # the long one is skipped when rendered
-    assert greedy["lossless"] == 1.0 and sampled["lossless"] is None  # sampled: checked by distribution (tests)
-    assert greedy["per_set"]["bench"]["turns"] == 3 == sampled["per_set"]["bench"]["turns"]  # 2 turns + 1 turn
+    # Every request in its id's split (core/splits.py): bench-1 hashes to dev, every other one to test; the long
+    # held-out prompt is skipped when rendered.
+    splits = stage.details["splits"]
+    assert stage.details["requests"] == {"dev": {"bench": 1}, "test": {"bench": 1, "heldout": 4}}
+    greedy, sampled = splits["test"]["greedy"], splits["test"]["sampled"]
+    assert greedy["lossless"] == 1.0 == splits["dev"]["greedy"]["lossless"]
+    assert sampled["lossless"] is None  # sampled: checked by distribution (tests)
+    assert greedy["per_set"]["bench"]["turns"] == 2 == sampled["per_set"]["bench"]["turns"]  # bench-0's two turns
+    assert splits["dev"]["greedy"]["per_set"]["bench"]["turns"] == 1 and not splits["dev"]["greedy"]["per_source"]
     assert set(greedy["per_source"]) == {"chat", "tools"}
     assert stage.skips.as_dict() == {"prompt longer than max_prompt_tokens": 2}  # once per setting
     fw = greedy["target_forwards"]
-    assert fw["without_drafter"] == greedy["generated_tokens"] == 6 * 12  # a random target never ends this soon
-    assert fw["with_drafter"] == 6 + greedy["steps"]
+    assert fw["without_drafter"] == greedy["generated_tokens"] == 5 * 12  # a random target never ends this soon
+    assert fw["with_drafter"] == 5 + greedy["steps"]
     for s in (greedy, sampled):
-        assert s["tau"] == round((s["generated_tokens"] - 6) / s["steps"], 4) and sum(s["histogram"]) == pytest.approx(1)
-    # The headline: per setting z-lab's acceptance per set, the held-out tau, the weakest source; lossless.
+        assert s["tau"] == round((s["generated_tokens"] - 5) / s["steps"], 4) and sum(s["histogram"]) == pytest.approx(1)
+    # The headline: per setting z-lab's acceptance per set on test, the held-out tau, the weakest source; dev's
+    # held-out figure (none here: no held-out prompt hashed to dev); lossless.
     metrics = json.loads(args.metrics.read_text())
-    assert set(metrics) == HEADLINE and metrics["skipped"] == 2 and metrics["lossless"] == 1.0
+    assert set(metrics) == HEADLINE | {"dev"} and metrics["skipped"] == 2 and metrics["lossless"] == 1.0
     assert metrics["sampled"]["acceptance"] == {"bench": sampled["per_set"]["bench"]["acceptance"],
                                                 "heldout": sampled["per_set"]["heldout"]["acceptance"]}
-    assert json.loads(args.report.read_text())["settings"] == stage.details["settings"]
+    assert metrics["dev"] == {"greedy": None, "sampled": None}
+    assert json.loads(args.report.read_text())["splits"] == splits
     run = json.loads(run_file(args.report).read_text())
     assert set(run) == {"decode_seconds", "stage_seconds"}
     # The per-step file: one line per turn and setting, from which both figures are recomputed.
     lines = [json.loads(x) for x in args.steps.read_text().splitlines()]
-    assert len(lines) == 12 and {(x["setting"], x["set"]) for x in lines} >= {("sampled", "bench")}
+    assert len(lines) == 12 and {(x["setting"], x["split"], x["set"]) for x in lines} >= {("sampled", "dev", "bench")}
     heldout = [x for x in lines if x["setting"] == "sampled" and x["set"] == "heldout"]
     assert sum(sum(x["produced"]) for x in heldout) / sum(len(x["produced"]) for x in heldout) == pytest.approx(
         sampled["per_set"]["heldout"]["tau"], abs=1e-4)
-    for folder in (args.positions, args.lengths):
+    for folder in (args.positions, args.lengths, args.intervals):
         assert sorted(p.name for p in folder.iterdir()) == ["greedy.csv", "sampled.csv"]
+    # The error-bar plot: every set and held-out source of each split, its figure inside its interval.
+    with open(args.intervals / "sampled.csv") as f:
+        bars = list(csv.DictReader(f))
+    assert [(b["split"], b["group"]) for b in bars] == [("dev", "set bench"), ("test", "set bench"),
+                                                        ("test", "set heldout"), ("test", "chat"), ("test", "tools")]
+    assert all(float(b["low"]) <= float(b["acceptance"]) <= float(b["high"]) for b in bars)
+    assert float(bars[2]["acceptance"]) == sampled["per_set"]["heldout"]["acceptance"]
     with open(args.positions / "greedy.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["position"]) for r in rows] == list(range(1, 8))
@@ -244,7 +262,8 @@ def test_the_stage_script_refuses_in_one_line_without_a_traceback(tiny_target_di
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"evaluate": {**default_params("evaluate"), "sets": {}}}))
     a = eval_args(tiny_target_dir, tmp_path / "none", prompts, tmp_path)
-    flags = [x for f in ("checkpoint", "target", "prompts", "sets", "metrics", "report", "positions", "lengths", "steps")
+    flags = [x for f in ("checkpoint", "target", "prompts", "sets", "metrics", "report", "positions", "lengths",
+                         "intervals", "steps")
              for x in (f"--{f}", str(getattr(a, f)))]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     env.pop("DRAFTLINE_PARAMS", None)
@@ -268,10 +287,12 @@ def test_lossless_on_the_embedded_target(embedded_target, tmp_path):
     prompts.write_text("".join(r.to_json() + "\n" for r in recs))
     stage = evaluate(eval_params(max_new_tokens=24, max_prompts_per_source=8),
                      eval_args(embedded_target, tmp_path / "checkpoints", prompts, tmp_path))
-    m = stage.details["settings"]["greedy"]
-    assert stage.details["requests"] == {"heldout": 8} and m["per_set"]["heldout"]["turns"] == 8
-    assert m["lossless"] == 1.0 and stage.headline["lossless"] == 1.0
-    assert m["target_forwards"]["without_drafter"] == m["generated_tokens"]
+    assert stage.details["requests"] == {"dev": {"heldout": 3}, "test": {"heldout": 5}}  # c1-c3 hash to dev
+    for split, n in (("dev", 3), ("test", 5)):
+        m = stage.details["splits"][split]["greedy"]
+        assert m["per_set"]["heldout"]["turns"] == n and m["lossless"] == 1.0
+        assert m["target_forwards"]["without_drafter"] == m["generated_tokens"]
+    assert stage.headline["lossless"] == 1.0
 
 
 def test_a_drafter_of_another_tokenizer_is_refused(tiny_target_dir, tmp_path):
@@ -310,7 +331,7 @@ def test_a_dflash2_drafter_is_decoded_through_its_selector_and_reports_its_figur
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text("".join(prompt(i, "chat", t).to_json() + "\n" for i, t in enumerate(["Say hi.", "Count."])))
     stage = evaluate(eval_params(max_new_tokens=16), eval_args(tiny_target_dir, tmp_path / "d2", prompts, tmp_path))
-    greedy, sampled = stage.details["settings"]["greedy"], stage.details["settings"]["sampled"]
+    greedy, sampled = stage.details["splits"]["test"]["greedy"], stage.details["splits"]["test"]["sampled"]
     assert greedy["lossless"] == 1.0 and sampled["selector"] is None  # figures need the greedy gold tokens
     sel = greedy["selector"]
     assert sel["steps"] == greedy["steps"] and sel["tau_selector_path"] == sel["tau_unary_path"]

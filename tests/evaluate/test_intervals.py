@@ -103,6 +103,8 @@ def test_request_acceptance_is_z_labs_per_request_mean():
     # z-lab's acceptance of the setting is the mean of these (the turn without a step left out, as in report.figures)
     assert mean(v for _, v in got.values()) == pytest.approx((5.0 + 1.0 + 5.5) / 3)
     assert request_acceptance(records, "greedy", "gsm8k") == {"g1#0": ("gsm8k", 2.0)}
+    records[1]["split"], records[2]["split"] = "dev", "test"  # the stage's records name their split
+    assert request_acceptance(records, "greedy", split="dev") == {"r2#0": ("agent", 1.0)}
 
 
 def test_compare_pairs_by_request_and_filters_by_source():

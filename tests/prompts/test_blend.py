@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftline.core.params import ParamsError
+from draftline.core.splits import split_of
 from draftline.prompts.blend import (
     BlendError,
     BlendSource,
@@ -16,6 +17,7 @@ from draftline.prompts.blend import (
     source_plan,
     split_eval,
 )
+from draftline.prompts.params import HeldOutParams
 
 
 def test_hamilton_largest_remainder() -> None:
@@ -78,6 +80,20 @@ def test_hash_rank_is_stable_when_a_source_grows() -> None:
     assert take(ids) != set(sorted(ids, key=lambda i: hash_rank(1, i))[:300])  # the seed matters
 
 
-def test_eval_split_is_capped_at_half_a_source() -> None:
-    assert split_eval(["a", "b", "c"], 8) == (["a"], ["b", "c"])
-    assert split_eval([f"x{i}" for i in range(20)], 8)[0] == [f"x{i}" for i in range(8)]
+def test_each_split_takes_the_first_ids_of_its_own_split_capped_at_half_a_source() -> None:
+    ids = [f"p{i}" for i in range(400)]
+    dev = [i for i in ids if split_of(i) == "dev"]
+    test = [i for i in ids if split_of(i) == "test"]
+    assert 100 < len(dev) < 167  # about a third of ids hash to dev
+    held, train = split_eval(ids, HeldOutParams(dev=24, test=48))
+    assert held == dev[:24] + test[:48]
+    assert train == [i for i in ids if i not in set(held)]  # the rest, in selection order
+    # More than half the source asked: both quotas shrink in proportion (10 of 21 ids: 3 dev, 7 test).
+    small = ids[:21]
+    held, train = split_eval(small, HeldOutParams(dev=24, test=48))
+    small_dev = [i for i in small if split_of(i) == "dev"]
+    small_test = [i for i in small if split_of(i) == "test"]
+    assert held == small_dev[:3] + small_test[:7] and len(held) == 10 and len(train) == 11
+    # A prompt's split is its id's: ranking the ids differently never moves one between splits.
+    shuffled = ids[::-1]
+    assert {split_of(i) for i in split_eval(shuffled, HeldOutParams(dev=24, test=0))[0]} == {"dev"}

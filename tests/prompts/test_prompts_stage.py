@@ -79,7 +79,7 @@ def _rows(path: Path) -> list[dict]:
     return [v for _, v, _ in iter_jsonl(path)]
 
 
-BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval_per_source": 1, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}},
+BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval": {"dev": 1, "test": 1}, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}},
          "target_mix": None, "max_domain_share": None, "steer": None}
 
 
@@ -101,7 +101,7 @@ def test_gives_exactly_total_train_rows_and_a_disjoint_eval(env: Path, total: in
     skips = sum((Counter(m["skipped"]) for m in metrics["sources"].values()), Counter())
     assert json.loads((o / "prompts-report.json").read_text()) == metrics | {"skips": dict(sorted(skips.items()))}
     headline = json.loads((o / "prompts-metrics.json").read_text())
-    assert headline == {"rows": total, "tokens": metrics["train_tokens"], "eval_rows": metrics["eval_rows"],
+    assert headline == {"rows": total, "tokens": metrics["train_tokens"], "eval_rows": sum(metrics["eval_rows"].values()),
                         "duplicates": sum(m["exact_duplicates"] + m["near_duplicates"] for m in metrics["sources"].values()),
                         "skipped": skips.total(), "mix": {d: metrics["mix"]["merged_shares"][d] for d in DOMAINS}}
     # The content mix: every train row has a domain, per source and in total; no base, so merged = new.
@@ -276,20 +276,23 @@ def test_a_damaged_base_is_refused_by_name_before_its_mix_is_read(env: Path, qwe
 @pytest.mark.parametrize("change, why", [
     ({"target": {"tokenizer_fingerprint": "f" * 64}}, "another target: target.tokenizer_fingerprint ffffffffffff vs"),
     ({"target": None}, "records no target"),
+    ({"splits": {"test": {}}}, "has splits ['test'], no 'dev': steering reads dev only"),
     ({"per_source": {"glaive": 4.0}}, "per_source.glaive is 4.0"),
     ({"per_source": {"glaive": {"acceptance": "high"}}}, "per_source.glaive.acceptance is 'high'"),
     ({"per_source": {"other_source": {"acceptance": 3.0}}}, "measured none of the weighted sources"),
 ])
 def test_steer_refuses_an_evaluation_it_cannot_use_in_one_line(env: Path, tmp_path: Path, change: dict, why: str
                                                               ) -> None:
-    from draftline.prompts.steer import steer_factors
+    from draftline.prompts.steer import read_evaluation, steer_factors
 
     ours = load_target(env / "target" / "target.json").tokenizer_fingerprint
+    dev = {"sampled": {"per_source": change.get("per_source", {"glaive": {"acceptance": 4.0}})}}
     evaluation = {"target": change.get("target", {"tokenizer_fingerprint": ours}),
-                  "settings": {"sampled": {"per_source": change.get("per_source", {"glaive": {"acceptance": 4.0}})}}}
+                  "splits": change.get("splits", {"dev": dev})}
     (tmp_path / "eval.json").write_text(json.dumps(evaluation))
     with pytest.raises(Refusal, match=re.escape(why)):
-        steer_factors({"glaive": 1.0, "hermes": 1.0}, tmp_path / "eval.json", "sampled", 1.0, ours)
+        path = tmp_path / "eval.json"
+        steer_factors({"glaive": 1.0, "hermes": 1.0}, read_evaluation(path, ours), "sampled", 1.0, path)
 
 
 def test_target_mix_in_tokens_meets_each_domain_within_a_row(env: Path) -> None:
@@ -320,35 +323,51 @@ def test_a_bases_prompts_are_never_picked_again_and_the_eval_split_stays(env: Pa
 
 
 def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path) -> None:
-    from draftline.prompts.steer import steer_factors
+    from draftline.core.splits import split_of
+    from draftline.prompts.steer import read_evaluation, steer_factors
 
+    plain, o = _run(env, "unsteered", {**BLEND, "total": 17})
+    dev_ids = [r["id"] for r in _rows(o / "prompts/eval.jsonl") if split_of(r["id"]) == "dev"]
     report = env / "drafters" / "round1.eval.json"  # where the stage's dependency folder keeps it
     report.parent.mkdir(exist_ok=True)
     ours = load_target(env / "target" / "target.json").tokenizer_fingerprint
     per_source = {"glaive": {"acceptance": 4.0}, "agent_reason": {"acceptance": 2.0}, "hermes": {"acceptance": 3.2}}
-    evaluation = {"target": {"tokenizer_fingerprint": ours}, "settings": {"sampled": {"per_source": per_source}}}
+    # What evaluate writes: the dev split's figures per setting, with every dev request it decoded; a test split
+    # that says the opposite, which steering must never read.
+    dev = {"sampled": {"per_source": per_source, "per_request": {f"heldout/{i}#0": ["x", 9, 3] for i in dev_ids}}}
+    test = {"sampled": {"per_source": {s: {"acceptance": 10 - x["acceptance"]} for s, x in per_source.items()}}}
+    evaluation = {"target": {"tokenizer_fingerprint": ours}, "splits": {"dev": dev, "test": test}}
     report.write_text(json.dumps(evaluation))
     weights = {"glaive": 2.0, "agent_reason": 1.0, "hermes": 1.0, "http": 1.0}
-    f = steer_factors(weights, report, "sampled", 1.0, ours)
+    read = read_evaluation(report, ours)
+    f = steer_factors(weights, read, "sampled", 1.0, report)
     assert {s: x["factor"] for s, x in f.items()} == {"glaive": 1.0, "agent_reason": 2.0, "hermes": 1.25, "http": 1.0}
-    assert steer_factors(weights, report, "sampled", 2.0, ours)["agent_reason"]["factor"] == 4.0
-    assert {x["factor"] for x in steer_factors(weights, report, "sampled", 0.0, ours).values()} == {1.0}
+    assert steer_factors(weights, read, "sampled", 2.0, report)["agent_reason"]["factor"] == 4.0
+    assert {x["factor"] for x in steer_factors(weights, read, "sampled", 0.0, report).values()} == {1.0}
     with pytest.raises(Exception, match="greedy"):
-        steer_factors(weights, report, "greedy", 1.0, ours)
+        steer_factors(weights, read, "greedy", 1.0, report)
     with pytest.raises(Exception, match="does not exist"):
-        steer_factors(weights, tmp_path / "none.json", "sampled", 1.0, ours)
-    (tmp_path / "cut.json").write_text('{"settings": {"sampled": ')  # a report cut half-way: refused, named
+        read_evaluation(tmp_path / "none.json", ours)
+    (tmp_path / "cut.json").write_text('{"splits": {"dev": ')  # a report cut half-way: refused, named
     with pytest.raises(Refusal, match="not an evaluate report"):
-        steer_factors(weights, tmp_path / "cut.json", "sampled", 1.0, ours)
-    # In the stage: the report shows requested, steered and achieved shares; the lagging source gains rows.
-    plain, _ = _run(env, "unsteered", {**BLEND, "total": 17})
+        read_evaluation(tmp_path / "cut.json", ours)
+    # In the stage: the report shows what steered and the requested, steered and achieved shares; the lagging
+    # source (on dev) gains rows.
     steer = {"eval": str(report), "setting": "sampled", "strength": 3.0}
     steered, _ = _run(env, "steered", {**BLEND, "total": 17, "steer": steer})
-    table = steered["steer"]
+    assert {k: steered["steer"][k] for k in ("eval", "split", "setting")} == {"eval": str(report), "split": "dev",
+                                                                              "setting": "sampled"}
+    table = steered["steer"]["sources"]
     assert table["agent_reason"]["factor"] == 8.0 and table["agent_reason"]["steered"] > table["agent_reason"]["requested"]
     assert "codefeedback" not in table  # whole: taken in full, never steered
     assert steered["sources"]["agent_reason"]["achieved_rows"] > plain["sources"]["agent_reason"]["achieved_rows"]
     assert steered["train_rows"] == plain["train_rows"] == 17
+    # An evaluation of other prompts (another prompt set: other samples, seed or quotas) is refused by name.
+    dev["sampled"]["per_request"]["heldout/not-one-of-ours#0"] = ["x", 9, 3]
+    report.write_text(json.dumps(evaluation))
+    with pytest.raises(Refusal, match=r"evaluated another prompt set: 1 of its \d+ held-out dev prompts .*not-one-of"):
+        _run(env, "foreign", {**BLEND, "total": 17, "steer": steer})
+    assert not (env / "foreign").exists()
 
 
 def test_a_steer_file_outside_the_tracked_folder_is_refused_with_the_fix(env: Path, tmp_path: Path) -> None:

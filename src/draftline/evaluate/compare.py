@@ -1,10 +1,11 @@
 """Two evaluations of the same prompts, request by request: which drafter is better, and how sure that is.
 
 ``draftline compare A B``: A and B are eval reports (a file), git revisions or DVC experiment names (the evaluate
-stage's report as committed there: it is in git, ``cache: false``). Per decoding setting both have, overall (every
-request), per set and per held-out source: A's and B's z-lab acceptance, A minus B with its paired bootstrap interval
-over the requests both decoded, the same for the pooled tau, and a verdict on the acceptance: ``better`` (the
-interval above 0), ``worse`` (below 0) or ``cannot tell``.
+stage's report as committed there: it is in git, ``cache: false``). On one split (``--split``: ``test``, the
+reported one, by default; ``dev`` for a decision, which never reads test), per decoding setting both have, overall
+(every request), per set and per held-out source: A's and B's z-lab acceptance, A minus B with its paired bootstrap
+interval over the requests both decoded, the same for the pooled tau, and a verdict on the acceptance: ``better``
+(the interval above 0), ``worse`` (below 0) or ``cannot tell``.
 
 Invariants:
 
@@ -28,6 +29,7 @@ import numpy as np
 import yaml
 
 from draftline.core.errors import Refusal
+from draftline.core.splits import TEST
 from draftline.evaluate.intervals import Interval, bootstrap, paired_bootstrap, ratio_difference
 from draftline.evaluate.params import HELDOUT
 
@@ -44,6 +46,11 @@ class NotComparable(Refusal):
 class Evaluation:
     name: str  # what the user typed: a file, a revision or an experiment
     report: dict[str, Any]
+    split: str  # the split compared: test (reported) or dev (what a decision may read)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.report["splits"][self.split]
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,8 @@ def resolve(root: Path, name: str) -> str:
         raise NotComparable(f"{name!r} is neither a file, a git revision nor a DVC experiment of {root}: {e}") from e
 
 
-def load(name: str, root: Path) -> Evaluation:
-    """An evaluation from a report file, or from the report committed at a revision or experiment."""
+def load(name: str, root: Path, split: str = TEST) -> Evaluation:
+    """One split of an evaluation from a report file, or from the report committed at a revision or experiment."""
     path = Path(name)
     if path.is_file():
         text = path.read_text(encoding="utf-8")
@@ -97,12 +104,15 @@ def load(name: str, root: Path) -> Evaluation:
         report = json.loads(text)
     except json.JSONDecodeError as e:
         raise NotComparable(f"{name}: not an eval report (invalid JSON: {e})") from e
-    settings = report.get("settings", {}) if isinstance(report, dict) else {}
+    splits = report.get("splits") if isinstance(report, dict) else None
+    settings = splits.get(split) if isinstance(splits, dict) else None
     if (not isinstance(settings, dict) or not settings or "prompts" not in report or "intervals" not in report
             or any(not isinstance(s, dict) or "per_request" not in s for s in settings.values())):
-        raise NotComparable(f"{name}: the eval report has no per-request figures (written by an older draftline): "
-                            "re-run the evaluate stage there (dvc repro evaluate)")
-    return Evaluation(name, report)
+        has = sorted(splits) if isinstance(splits, dict) else "none"
+        raise NotComparable(f"{name}: the eval report has no per-request figures of the {split} split (its splits: "
+                            f"{has}; a report written by an older draftline has none): re-run the evaluate stage "
+                            "there (dvc repro evaluate)")
+    return Evaluation(name, report, split)
 
 
 def _get(report: dict[str, Any], dotted: str) -> Any:
@@ -113,16 +123,16 @@ def _get(report: dict[str, Any], dotted: str) -> Any:
 
 def check_comparable(a: Evaluation, b: Evaluation) -> list[str]:
     """The settings both have (refusing a mismatch of :data:`SAME` or of a shared setting's sampling)."""
-    fields = [*SAME, *(f"sampling.{s}" for s in sorted(set(a.report["settings"]) & set(b.report["settings"])))]
+    fields = [*SAME, *(f"sampling.{s}" for s in sorted(set(a.settings) & set(b.settings)))]
     for field in fields:
         va, vb = _get(a.report, field), _get(b.report, field)
         if va != vb:
             raise NotComparable(f"{a.name} and {b.name} differ in {field}: {va!r} vs {vb!r}; compare evaluations "
                                 "of the same prompts, target and settings")
-    shared = [s for s in a.report["settings"] if s in b.report["settings"]]
+    shared = [s for s in a.settings if s in b.settings]
     if not shared:
-        raise NotComparable(f"{a.name} and {b.name} share no decoding setting: {sorted(a.report['settings'])} vs "
-                            f"{sorted(b.report['settings'])}")
+        raise NotComparable(f"{a.name} and {b.name} share no decoding setting: {sorted(a.settings)} vs "
+                            f"{sorted(b.settings)}")
     return shared
 
 
@@ -159,13 +169,13 @@ def compare(a: Evaluation, b: Evaluation) -> dict[str, list[Row]]:
     """A minus B, per shared setting (refused by :func:`check_comparable` when they are not comparable)."""
     settings = check_comparable(a, b)
     draws = a.report["intervals"]
-    return {s: compare_setting(a.report["settings"][s], b.report["settings"][s], draws) for s in settings}
+    return {s: compare_setting(a.settings[s], b.settings[s], draws) for s in settings}
 
 
 def table(a: Evaluation, b: Evaluation, result: dict[str, list[Row]]) -> str:
     """The comparison as text: one block per setting, one line per group."""
     draws = a.report["intervals"]
-    lines = [f"A = {a.name}, B = {b.name}: A minus B, paired over the same requests, "
+    lines = [f"A = {a.name}, B = {b.name}: A minus B on the {a.split} split, paired over the same requests, "
              f"{draws['confidence']:.0%} bootstrap intervals ({draws['resamples']} resamples, seed {draws['seed']})"]
     for setting, rows in result.items():
         lines += ["", f"{setting}:", f"  {'group':<28} {'n':>4} {'A':>6} {'B':>6}  {'acceptance A-B':<26}"

@@ -51,15 +51,16 @@ class Interval:
         return asdict(self)
 
 
-def request_acceptance(steps: Iterable[Mapping[str, Any]], setting: str, set_name: str = "heldout"
-                       ) -> dict[str, tuple[str, float]]:
-    """Each request's acceptance under ``setting`` on ``set_name``: ``{"<id>#<turn>": (source, mean produced)}``.
+def request_acceptance(steps: Iterable[Mapping[str, Any]], setting: str, set_name: str = "heldout",
+                       split: str | None = None) -> dict[str, tuple[str, float]]:
+    """Each request's acceptance under ``setting`` on ``set_name`` (in ``split`` only, if given):
+    ``{"<id>#<turn>": (source, mean produced)}``.
 
     ``steps`` are the evaluate stage's per-step records; a turn without a verification step is left out (it has no
     acceptance)."""
     out = {}
     for r in steps:
-        if r["setting"] == setting and r["set"] == set_name and r["produced"]:
+        if r["setting"] == setting and r["set"] == set_name and r["produced"] and split in (None, r.get("split")):
             out[f"{r['id']}#{r['turn']}"] = (r["source"], float(mean(r["produced"])))
     return out
 

@@ -50,7 +50,7 @@ class EvalParams(Params):
     intervals: IntervalParams
     sets: dict[str, SourceSpec]
     max_new_tokens: int
-    max_prompts_per_source: int
+    max_prompts_per_source: int | None
     max_prompt_tokens: int
     device: str
     dtype: Literal["float32", "bfloat16", "float16", "auto"]

@@ -11,10 +11,11 @@ Two figures of one run, both honest, different statistics:
 Both are computed from ``produced`` (per step: the accepted drafts + the target's token, cut at a stop or at
 ``max_new_tokens``), which the per-step file holds, so another tool can recompute both.
 
-Every figure of a group of turns (overall, a set, a source) carries its interval (``acceptance_ci``, ``tau_ci``): a
-seeded bootstrap over the group's turns (``evaluate.intervals``), so the same report gives the same bounds. Each
-setting keeps every turn's ``produced`` sum and step count (``per_request``): two reports on the same prompts can be
-compared request by request (``draftline compare``).
+Figures are per split (``dev``, ``test``: core/splits.py), never pooled over both. Every figure of a group of
+turns (overall, a set, a source) carries its interval (``acceptance_ci``, ``tau_ci``): a seeded bootstrap over the
+group's turns (``evaluate.intervals``), so the same report gives the same bounds. Each setting keeps every turn's
+``produced`` sum and step count (``per_request``): two reports on the same prompts can be compared request by
+request (``draftline compare``).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from draftline.core.splits import DEV, SPLITS, TEST, split_of
 from draftline.drafter.decoding import Generation, SelectorStep
 from draftline.evaluate.intervals import bootstrap, first, ratio
 from draftline.evaluate.params import HELDOUT, IntervalParams
 
 ACCEPTANCE_COLUMNS = ["position", "steps", "accepted", "accept_rate", "conditional_rate"]
 HISTOGRAM_COLUMNS = ["length", "steps", "share"]
+INTERVAL_COLUMNS = ["group", "split", "acceptance", "low", "high", "turns"]
 
 
 @dataclass
@@ -45,6 +48,10 @@ class TurnResult:
     speculative: Generation
     baseline: Generation | None  # target-only decoding (greedy settings only: the losslessness check)
     selector: dict[str, int] | None = None  # a DFlash 2 drafter's counts (greedy settings): :func:`selector_counts`
+
+    @property
+    def split(self) -> str:
+        return split_of(self.id)
 
     @property
     def identical(self) -> bool | None:
@@ -166,12 +173,21 @@ def summarize_setting(results: list[TurnResult], block_size: int, ci: IntervalPa
     }
 
 
+def summarize(results: dict[str, list[TurnResult]], block_size: int, ci: IntervalParams) -> dict[str, Any]:
+    """The report's ``splits``: per split that has requests (``dev``, ``test``), per setting, :func:`summarize_setting`
+    of that split's turns. The splits are never pooled: a figure is a dev figure or a test figure."""
+    return {split: {name: summarize_setting([r for r in rs if r.split == split], block_size, ci)
+                    for name, rs in results.items()}
+            for split in SPLITS if any(r.split == split for rs in results.values() for r in rs)}
+
+
 def headline(report: dict[str, Any]) -> dict[str, Any]:
-    """The figures compared between experiments, per setting: z-lab's acceptance on every set, the bounds of its
-    interval on the held-out prompts, the pooled tau there, the lowest held-out source's acceptance (the drafter's
-    weakest kind of prompt); and ``lossless`` (the lowest over the greedy settings)."""
+    """The figures compared between experiments, per setting, on ``test``: z-lab's acceptance on every set, the bounds
+    of its interval on the held-out prompts, the pooled tau there, the lowest held-out source's acceptance (the
+    drafter's weakest kind of prompt); ``dev``: each setting's held-out acceptance (what decisions read; its interval
+    is in the report); and ``lossless`` (the lowest over every greedy setting and split)."""
     out: dict[str, Any] = {}
-    for name, s in report["settings"].items():
+    for name, s in report["splits"].get(TEST, {}).items():
         per_source = [f["acceptance"] for f in s["per_source"].values() if f["acceptance"] is not None]
         low, high = s["per_set"].get(HELDOUT, {}).get("acceptance_ci", [None, None])
         out[name] = {
@@ -181,7 +197,10 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
             "tau": s["per_set"].get(HELDOUT, {}).get("tau"),
             "acceptance_min_source": min(per_source) if per_source else None,
         }
-    lossless = [s["lossless"] for s in report["settings"].values() if s["lossless"] is not None]
+    dev = {name: s["per_set"].get(HELDOUT, {}).get("acceptance") for name, s in report["splits"].get(DEV, {}).items()}
+    if dev:
+        out["dev"] = dev
+    lossless = [s["lossless"] for split in report["splits"].values() for s in split.values() if s["lossless"] is not None]
     out["lossless"] = min(lossless) if lossless else None
     return out
 
@@ -214,8 +233,25 @@ def histogram_rows(histogram: list[float], results: list[TurnResult]) -> list[di
     return [{"length": n, "steps": counts[n], "share": share} for n, share in enumerate(histogram) if n > 0]
 
 
+def interval_rows(splits: dict[str, dict], setting: str) -> list[dict[str, Any]]:
+    """The acceptance plot's rows for one setting: every set and held-out source, in each split, with the bounds of
+    its interval (the plot draws them as error bars)."""
+    rows = []
+    for split, settings in splits.items():
+        s = settings.get(setting)
+        if s is None:
+            continue
+        groups = {**{f"set {k}": v for k, v in s["per_set"].items()}, **{k: v for k, v in s["per_source"].items()}}
+        for group, f in groups.items():
+            if f["acceptance"] is not None:
+                low, high = f["acceptance_ci"]
+                rows.append({"group": group, "split": split, "acceptance": f["acceptance"], "low": low, "high": high,
+                             "turns": f["turns"]})
+    return rows
+
+
 def step_record(r: TurnResult) -> dict[str, Any]:
     """One line of the per-step file: a turn's drafted, accepted and produced counts per verification step."""
-    return {"setting": r.setting, "set": r.set, "source": r.source, "id": r.id, "turn": r.turn,
+    return {"setting": r.setting, "split": r.split, "set": r.set, "source": r.source, "id": r.id, "turn": r.turn,
             "prompt_tokens": r.prompt_tokens, "drafted": r.speculative.drafted, "accepted": r.speculative.accepted,
             "produced": r.speculative.produced, "stop_reason": r.speculative.stop_reason}

@@ -7,6 +7,9 @@ conversation the target actually has. Every turn is one request in z-lab's figur
 Held-out prompts (the prompts stage's ``eval.jsonl``) are single-turn requests, rendered exactly as generation
 sent them; a set's conversations keep their system messages and user turns, and drop the dataset's answers
 (the target writes its own).
+
+Every request carries its split (``dev`` or ``test``), a function of its id alone (core/splits.py): the prompt
+stage filled each source's quotas with the same function, and a set's rows are split by it too.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 from draftline.core.records import Conversation, Message, PromptRecord, Tool
 from draftline.core.skips import Skips
+from draftline.core.splits import split_of
 from draftline.evaluate.params import HELDOUT
 
 
@@ -29,15 +33,21 @@ class Request:
     turns: list[Message]  # the user turns, decoded one after another
     tools: list[Tool] | None = None
 
+    @property
+    def split(self) -> str:
+        return split_of(self.id)
 
-def heldout_requests(records: Iterable[PromptRecord], max_per_source: int) -> list[Request]:
-    """The first ``max_per_source`` held-out prompts of each source, in file order (the prompt stage's order)."""
-    taken: dict[str, int] = defaultdict(int)
+
+def heldout_requests(records: Iterable[PromptRecord], max_per_source: int | None) -> list[Request]:
+    """The held-out prompts in file order (the prompt stage's), the first ``max_per_source`` of each source and
+    split (None: all)."""
+    taken: dict[tuple[str, str], int] = defaultdict(int)
     requests = []
     for rec in records:
-        if taken[rec.source] < max_per_source:
-            taken[rec.source] += 1
-            requests.append(Request(HELDOUT, rec.source, rec.id, rec.messages[:-1], rec.messages[-1:], rec.tools))
+        req = Request(HELDOUT, rec.source, rec.id, rec.messages[:-1], rec.messages[-1:], rec.tools)
+        if max_per_source is None or taken[rec.source, req.split] < max_per_source:
+            taken[rec.source, req.split] += 1
+            requests.append(req)
     return requests
 
 

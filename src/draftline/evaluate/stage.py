@@ -34,6 +34,7 @@ from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo, read_conversations, read_prompts
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
+from draftline.core.splits import TEST
 from draftline.core.target import load_model, load_target, load_tokenizer
 from draftline.core.threads import torch_threads
 from draftline.drafter.decoding import DFlashProposer, Proposer, Sampling, speculative_generate, target_generate
@@ -42,14 +43,16 @@ from draftline.evaluate.params import EvalParams
 from draftline.evaluate.report import (
     ACCEPTANCE_COLUMNS,
     HISTOGRAM_COLUMNS,
+    INTERVAL_COLUMNS,
     TurnResult,
     acceptance_by_position,
     figures,
     headline,
     histogram_rows,
+    interval_rows,
     selector_counts,
     step_record,
-    summarize_setting,
+    summarize,
 )
 from draftline.evaluate.requests import Request, heldout_requests, set_requests
 
@@ -67,6 +70,7 @@ class EvalArgs(StageArgs):
     metrics: Path
     positions: Path  # folder: the acceptance rate by draft position, one CSV per setting
     lengths: Path  # folder: the histogram of acceptance lengths, one CSV per setting
+    intervals: Path  # folder: each set's and source's acceptance with its interval, per split, one CSV per setting
     steps: Path  # JSONL: every turn's drafted / accepted / produced counts per verification step
 
 
@@ -246,24 +250,30 @@ def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, requests: list[Re
                                          stage.skips)
     if not any(results.values()):
         raise Refusal(f"every eval prompt was skipped ({stage.skips.as_dict()}): raise evaluate.max_prompt_tokens?")
-    settings = {name: summarize_setting(rs, drafter.block_size, p.intervals) for name, rs in results.items()}
-    stage.details.update(settings=settings, block_size=drafter.block_size, max_new_tokens=p.max_new_tokens,
-                         enable_thinking=thinking, requests=dict(sorted(Counter(r.set for r in requests).items())),
-                         **identity(p, info, requests))
+    splits = summarize(results, drafter.block_size, p.intervals)
+    stage.details.update(splits=splits, block_size=drafter.block_size, max_new_tokens=p.max_new_tokens,
+                         enable_thinking=thinking, requests=request_counts(requests), **identity(p, info, requests))
     stage.headline.update(headline(stage.details))
     stage.run.update(decode_seconds=round(time.perf_counter() - started, 2))
-    write_plots(args, results, settings, drafter.block_size)
-    for name, s in settings.items():
-        log.info("%s: acceptance %s (z-lab's figure), pooled tau %s; per set %s; lossless %s", name, s["acceptance"],
-                 s["tau"], {k: v["acceptance"] for k, v in s["per_set"].items()}, s["lossless"])
+    write_plots(args, results, splits, drafter.block_size)
+    for split, settings in splits.items():
+        for name, s in settings.items():
+            log.info("%s %s: acceptance %s (z-lab's figure), pooled tau %s; per set %s; lossless %s", split, name,
+                     s["acceptance"], s["tau"], {k: v["acceptance"] for k, v in s["per_set"].items()}, s["lossless"])
     lossless = stage.headline["lossless"]
     if p.require_lossless and lossless is not None and lossless < 1.0:
-        mismatched = [m for s in settings.values() for m in s["mismatched"]]
+        mismatched = [m for settings in splits.values() for s in settings.values() for m in s["mismatched"]]
         raise NotLossless(
             f"speculative decoding changed the greedy output of {len(mismatched)} turn(s) {mismatched[:5]}: greedy "
             "verification must be lossless. In float32 this is a bug; in bf16/fp16 it can be numerics (set "
             "evaluate.dtype: float32 to tell them apart)"
         )
+
+
+def request_counts(requests: list[Request]) -> dict[str, dict[str, int]]:
+    """Requests per split and set."""
+    return {split: dict(sorted(Counter(r.set for r in requests if r.split == split).items()))
+            for split in sorted({r.split for r in requests})}
 
 
 def identity(p: EvalParams, info: TargetInfo, requests: list[Request]) -> dict[str, Any]:
@@ -279,15 +289,22 @@ def identity(p: EvalParams, info: TargetInfo, requests: list[Request]) -> dict[s
             "sampling": {name: asdict(s) for name, s in p.sampling.items()}, "intervals": asdict(p.intervals)}
 
 
-def write_plots(args: EvalArgs, results: dict[str, list[TurnResult]], settings: dict[str, dict],
+def write_plots(args: EvalArgs, results: dict[str, list[TurnResult]], splits: dict[str, dict],
                 block_size: int) -> None:
-    """One CSV per setting in each plot folder, and the per-step file; each written whole or not at all."""
+    """One CSV per setting in each plot folder (positions and lengths over the reported split, ``test``; the
+    intervals of both splits), and the per-step file (every split); each written whole or not at all."""
+    test = {name: [r for r in rs if r.split == TEST] for name, rs in results.items()}
     with atomic_path(args.positions) as tmp:
         tmp.mkdir()
-        for name, rs in results.items():
+        for name, rs in test.items():
             write_csv(tmp / f"{name}.csv", acceptance_by_position(rs, block_size), ACCEPTANCE_COLUMNS)
     with atomic_path(args.lengths) as tmp:
         tmp.mkdir()
-        for name, rs in results.items():
-            write_csv(tmp / f"{name}.csv", histogram_rows(settings[name]["histogram"], rs), HISTOGRAM_COLUMNS)
+        for name, rs in test.items():
+            histogram = splits.get(TEST, {}).get(name, {}).get("histogram", [])
+            write_csv(tmp / f"{name}.csv", histogram_rows(histogram, rs), HISTOGRAM_COLUMNS)
+    with atomic_path(args.intervals) as tmp:
+        tmp.mkdir()
+        for name in results:
+            write_csv(tmp / f"{name}.csv", interval_rows(splits, name), INTERVAL_COLUMNS)
     write_jsonl(args.steps, (step_record(r) for rs in results.values() for r in rs))

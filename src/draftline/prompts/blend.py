@@ -3,7 +3,8 @@
 Whole sources are taken in full; the rest of the total is split by weight with largest-remainder (Hamilton)
 rounding, a source that has less than its share gives its overflow to the others. Within a source, rows are
 taken in the order of a seeded hash of their id: adding rows to a source changes the choice minimally.
-Every quota is checked before anything is written; an impossible request fails with its numbers.
+Every quota is checked before anything is written; an impossible request fails with its numbers. Before any
+of it, each source's held-out prompts are set aside for evaluation (``blend.eval``: dev and test quotas).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any, get_args
 import xxhash
 
 from draftline.core.errors import Refusal
-from draftline.prompts.params import BlendSource, Unit
+from draftline.core.splits import DEV, TEST, split_of
+from draftline.prompts.params import BlendSource, HeldOutParams, Unit
 
 
 class BlendError(Refusal, ValueError):
@@ -98,10 +100,20 @@ def source_plan(names: Sequence[str], sources: Mapping[str, BlendSource]) -> dic
     return out
 
 
-def split_eval(ranked_ids: Sequence[str], n: int) -> tuple[list[str], list[str]]:
-    """The first ``n`` ids in selection order go to eval, capped at half a source so that train keeps rows."""
-    k = min(n, len(ranked_ids) // 2)
-    return list(ranked_ids[:k]), list(ranked_ids[k:])
+def split_eval(ranked_ids: Sequence[str], held_out: HeldOutParams) -> tuple[list[str], list[str]]:
+    """The held-out ids (dev, then test) and the train pool. Each split's quota is filled with the first ids of that
+    split in selection order (a prompt's split is its id's: core/splits.py); the quotas shrink together so that at
+    most half a source is held out and train keeps rows."""
+    want = {DEV: held_out.dev, TEST: held_out.test}
+    total, cap = held_out.dev + held_out.test, len(ranked_ids) // 2
+    if total > cap:
+        want = {DEV: held_out.dev * cap // total, TEST: cap - held_out.dev * cap // total}
+    taken: dict[str, list[str]] = {DEV: [], TEST: []}
+    train = []
+    for id_ in ranked_ids:
+        split = split_of(id_)
+        (taken[split] if len(taken[split]) < want[split] else train).append(id_)
+    return taken[DEV] + taken[TEST], train
 
 
 def select(pools: Sequence[Pool], total: int, unit: str) -> Selection:

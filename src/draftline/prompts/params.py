@@ -75,13 +75,25 @@ class SteerParams(Params):
 
 
 @dataclass(frozen=True)
+class HeldOutParams(Params):
+    """``blend.eval``: prompts per source held out for the evaluate stage, per split (core/splits.py)."""
+
+    dev: int
+    test: int
+
+    def validate(self, where: str) -> None:
+        if self.dev < 0 or self.test < 0:
+            raise ParamsError(f"params.yaml: {where}: dev and test must be >= 0, not {self.dev}, {self.test}")
+
+
+@dataclass(frozen=True)
 class BlendParams(Params):
     """``params.yaml: blend``."""
 
     total: int
     unit: Unit
     seed: int
-    eval_per_source: int
+    eval: HeldOutParams
     sources: dict[str, BlendSource]
     # Shares per domain of the merged set (base + new) to aim at, or None (the source weights alone decide).
     target_mix: dict[str, float] | None
@@ -91,7 +103,7 @@ class BlendParams(Params):
     steer: SteerParams | None
 
     def validate(self, where: str) -> None:
-        for key in ("total", "eval_per_source", "seed"):
+        for key in ("total", "seed"):
             if getattr(self, key) < 0:
                 raise ParamsError(f"params.yaml: {where}.{key} must be a non-negative integer, not {getattr(self, key)}")
         if self.target_mix is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from draftline.core.classify import DOMAINS
 from draftline.core.mix import Mix, shares
+from draftline.core.splits import SPLITS
 
 
 @dataclass
@@ -27,7 +28,7 @@ class SourceReport:
     exact_duplicates: int = 0
     near_duplicates: int = 0
     available: int = 0
-    eval_rows: int = 0
+    eval_rows: Counter[str] = field(default_factory=Counter)  # held-out prompts per split (core/splits.py)
     in_base: int = 0  # train-pool prompts left out because merge.base already holds them
     requested: int = 0
     train_rows: int = 0
@@ -51,7 +52,7 @@ def build_metrics(reports: dict[str, SourceReport], unit: str, total: int) -> di
             "exact_duplicates": r.exact_duplicates,
             "near_duplicates": r.near_duplicates,
             "available": r.available,
-            "eval_rows": r.eval_rows,
+            "eval_rows": {split: r.eval_rows[split] for split in SPLITS},
             "in_base": r.in_base,
             f"requested_{unit}": r.requested,
             "achieved_rows": r.train_rows,
@@ -66,7 +67,7 @@ def build_metrics(reports: dict[str, SourceReport], unit: str, total: int) -> di
         f"requested_{unit}": total,
         "train_rows": rows,
         "train_tokens": tokens,
-        "eval_rows": sum(r.eval_rows for r in reports.values()),
+        "eval_rows": {split: sum(r.eval_rows[split] for r in reports.values()) for split in SPLITS},
         "in_base": sum(r.in_base for r in reports.values()),
         "sources": sources,
     }
@@ -155,14 +156,15 @@ def format_mix(metrics: dict[str, Any]) -> str:
 def format_table(metrics: dict[str, Any]) -> str:
     """The per-source table the stage prints at its end."""
     unit = metrics["unit"]
-    head = ["source", "read", "skipped", "exact", "near", "avail", "eval", f"req {unit}", "rows", "tokens", "share"]
+    head = ["source", "read", "skipped", "exact", "near", "avail", "dev", "test", f"req {unit}", "rows", "tokens",
+            "share"]
     share = "share_rows" if unit == "samples" else "share_tokens"
     body = [
         [name, m["rows_read"], m["skipped_total"], m["exact_duplicates"], m["near_duplicates"], m["available"],
-         m["eval_rows"], m[f"requested_{unit}"], m["achieved_rows"], m["achieved_tokens"], f"{m[share]:.1%}"]
+         *m["eval_rows"].values(), m[f"requested_{unit}"], m["achieved_rows"], m["achieved_tokens"], f"{m[share]:.1%}"]
         for name, m in metrics["sources"].items()
     ]
-    total = ["total", *(sum(r[i] for r in body) for i in range(1, 10)), "100.0%" if body else "-"]
+    total = ["total", *(sum(r[i] for r in body) for i in range(1, len(head) - 1)), "100.0%" if body else "-"]
     cells = [[str(c) for c in r] for r in [head, *body, total]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
     line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from draftline.core.records import (
 )
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import RowError, Skips
+from draftline.core.splits import DEV, split_of
 from draftline.core.target import load_target, load_tokenizer
 from draftline.core.tracked import require_tracked
 from draftline.prompts.aim import aim, check_max_share
@@ -43,7 +45,7 @@ from draftline.prompts.blend import Pool, Selection, hash_rank, select, source_p
 from draftline.prompts.canonical import cut_prompt, user_text
 from draftline.prompts.costs import token_costs
 from draftline.prompts.dedup import MinHasher, exact_duplicates, near_duplicates, number_key, survivor_order
-from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
+from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings, SteerParams
 from draftline.prompts.report import (
     SourceReport,
     build_metrics,
@@ -55,7 +57,7 @@ from draftline.prompts.report import (
     plot_rows,
     share_rows,
 )
-from draftline.prompts.steer import base_prompt_ids, steer_factors
+from draftline.prompts.steer import base_prompt_ids, check_prompt_set, read_evaluation, steer_factors
 
 log = get_logger("draftline.prompts")
 
@@ -221,13 +223,13 @@ def blend_rows(
     pools = []
     for name in order:
         ranked = sorted(by_source[name], key=lambda r: (hash_rank(blend.seed, r.id), r.id))
-        eval_ids, train_ids = split_eval([r.id for r in ranked], blend.eval_per_source)
+        eval_ids, train_ids = split_eval([r.id for r in ranked], blend.eval)
         if in_base:
             fresh = [i for i in train_ids if i not in in_base]
             reports[name].in_base, train_ids = len(train_ids) - len(fresh), fresh
         costs = cost(train_ids) if blend.unit == "tokens" else [1] * len(train_ids)
         pools.append(Pool(name, train_ids, costs, eval_ids=eval_ids, **plan[name]))
-        reports[name].available, reports[name].eval_rows = len(ranked), len(eval_ids)
+        reports[name].available, reports[name].eval_rows = len(ranked), Counter(map(split_of, eval_ids))
     aimed = None
     if blend.target_mix is None:
         selection = select(pools, blend.total, blend.unit)
@@ -292,31 +294,48 @@ def base_mix(base: str | None, tokenizer: Any, stage: StageRun, needed: bool) ->
     return fm.total
 
 
-def steering(blend: BlendParams, order: Sequence[str], tokenizer_fingerprint: str) -> dict[str, dict[str, Any]]:
-    """``blend.steer``'s acceptance and weight factor per weighted source (:mod:`draftline.prompts.steer`); {} off."""
+@dataclass(frozen=True)
+class Steering:
+    """``blend.steer`` read: the previous round's dev figures and, per weighted source, its acceptance and factor."""
+
+    dev: dict[str, Any]
+    sources: dict[str, dict[str, Any]]
+
+    def check_prompts(self, steer: SteerParams, eval_: list[PromptRecord]) -> None:
+        dev_ids = {r.id for r in eval_ if split_of(r.id) == DEV}
+        check_prompt_set(self.dev, steer.setting, dev_ids, Path(steer.eval))
+
+
+def steering(blend: BlendParams, order: Sequence[str], tokenizer_fingerprint: str) -> Steering | None:
+    """``blend.steer``'s acceptance and weight factor per weighted source (:mod:`draftline.prompts.steer`)."""
     if blend.steer is None:
-        return {}
+        return None
     plan = source_plan(order, blend.sources)
     weights = {name: x["weight"] for name, x in plan.items() if not x["whole"] and x["weight"] > 0}
-    factors = steer_factors(weights, blend.steer.eval, blend.steer.setting, blend.steer.strength, tokenizer_fingerprint)
-    return {name: {"weight": weights[name], **factors[name]} for name in weights}
+    dev = read_evaluation(blend.steer.eval, tokenizer_fingerprint)
+    factors = steer_factors(weights, dev, blend.steer.setting, blend.steer.strength, Path(blend.steer.eval))
+    return Steering(dev, {name: {"weight": weights[name], **factors[name]} for name in weights})
 
 
-def steer_shares(steer: dict[str, dict[str, Any]], details: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per steered source: its acceptance and factor, and its share of the weighted sources' rows as requested
-    (the weights), steered (the weights x factors) and achieved (the rows chosen)."""
-    steered = {s: x["weight"] * x["factor"] for s, x in steer.items()}
-    rows = {s: details["sources"][s]["achieved_rows"] for s in steer}
-    w, sw, n = sum(x["weight"] for x in steer.values()), sum(steered.values()), sum(rows.values())
-    return {s: {"acceptance": x["acceptance"], "factor": x["factor"], "requested": round(x["weight"] / w, 4),
-                "steered": round(steered[s] / sw, 4), "achieved": round(rows[s] / n, 4) if n else 0.0}
-            for s, x in steer.items()}
+def steer_shares(steer: SteerParams, steering: Steering, details: dict[str, Any]) -> dict[str, Any]:
+    """What steered (the evaluation, its split, the setting) and per steered source: its acceptance and factor, and
+    its share of the weighted sources' rows as requested (the weights), steered (the weights x factors) and
+    achieved (the rows chosen)."""
+    sources = steering.sources
+    steered = {s: x["weight"] * x["factor"] for s, x in sources.items()}
+    rows = {s: details["sources"][s]["achieved_rows"] for s in sources}
+    w, sw, n = sum(x["weight"] for x in sources.values()), sum(steered.values()), sum(rows.values())
+    return {"eval": steer.eval, "split": DEV, "setting": steer.setting, "strength": steer.strength, "sources": {
+        s: {"acceptance": x["acceptance"], "factor": x["factor"], "requested": round(x["weight"] / w, 4),
+            "steered": round(steered[s] / sw, 4), "achieved": round(rows[s] / n, 4) if n else 0.0}
+        for s, x in sources.items()}}
 
 
-def format_steer(steer: dict[str, dict[str, Any]]) -> str:
-    lines = ["blend.steer: shares of the weighted sources' rows",
+def format_steer(steer: dict[str, Any]) -> str:
+    lines = [f"blend.steer ({steer['eval']}, {steer['split']} split, {steer['setting']}): shares of the weighted "
+             "sources' rows",
              f"{'source':<20} {'acceptance':>10} {'factor':>7} {'requested':>9} {'steered':>8} {'achieved':>8}"]
-    for s, x in steer.items():
+    for s, x in steer["sources"].items():
         a = "-" if x["acceptance"] is None else f"{x['acceptance']:.2f}"
         lines.append(f"{s:<20} {a:>10} {x['factor']:>7.2f} {x['requested']:>9.1%} {x['steered']:>8.1%} "
                      f"{x['achieved']:>8.1%}")
@@ -338,7 +357,9 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     labels = Labels(kept)
     steer = steering(p.blend, order, target.tokenizer_fingerprint)
     blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit),
-                       base_prompt_ids(p.base), {s: x["factor"] for s, x in steer.items()})
+                       base_prompt_ids(p.base), {s: x["factor"] for s, x in steer.sources.items()} if steer else None)
+    if steer:
+        steer.check_prompts(p.blend.steer, blend.eval)
     train_labels = [labels(r.id) for r in blend.train]
     for r, label in zip(blend.train, train_labels):
         reports[r.source].domains[label.domain] += 1
@@ -351,12 +372,12 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     details = build_metrics(reports, p.blend.unit, p.blend.total)
     details["mix"] = mix
     if steer:
-        details["steer"] = steer_shares(steer, details)
+        details["steer"] = steer_shares(p.blend.steer, steer, details)
         print(format_steer(details["steer"]), flush=True)
     for r in reports.values():
         stage.skips.counts.update(r.skipped)
     stage.details.update(details)
-    stage.headline.update(rows=details["train_rows"], tokens=details["train_tokens"], eval_rows=details["eval_rows"],
+    stage.headline.update(rows=details["train_rows"], tokens=details["train_tokens"], eval_rows=sum(details["eval_rows"].values()),
                           duplicates=sum(r.exact_duplicates + r.near_duplicates for r in reports.values()),
                           **headline_mix(mix))
     write_csv(args.plot, plot_rows(details))
