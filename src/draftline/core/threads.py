@@ -1,27 +1,54 @@
-"""Fixed CPU thread counts for the float stages (target build, local generation, training, evaluation).
+"""One core by default, everywhere: the one place that says how many threads and processes a stage uses.
 
-Why a param and not torch's default (one thread per core): float sums are ordered by how work is split between
-threads, so the thread count decides the last bits of every result, and torch's default changes with the machine.
-And on a shared machine OpenMP threads wait for each other at every barrier: when another process takes a core, a
-second thread mostly spins (measured on 2 cores: training 0.18 s/step alone, 1.9 s/step beside one busy process).
-A fixed, small count holds up under load and gives the same bytes on one machine however busy it is.
+The rule: every thread pool a stage can start runs one thread, and every stage one process, unless a param asks
+for more: ``target.embedded.threads``, ``generate.local.threads`` / ``workers``, ``train.threads``,
+``evaluate.threads`` (torch's intra-op pool, set by :func:`torch_threads`) and ``tokenize.workers`` (processes).
+The pools no param reaches (OpenMP's and the BLAS libraries' defaults, the Rust tokenizers' Rayon pool that batch
+encoding and the mix labels run on) get one thread from :data:`ONE_CORE`, set on the first import of draftline,
+before any of them starts (each reads its variable once), unless the user set the variable: a user's choice wins.
+
+Why: on a shared machine a pool of one thread per core collapses beside any other busy process, its threads
+waiting at every barrier for the one the kernel gave away (measured on 2 cores: training 0.18 s/step alone, 1.9
+s/step with two threads beside one busy process; bench/threads.py). One thread holds up under load. And float sums
+are ordered by how work is split between threads, so a fixed count gives the same bytes on one machine however busy
+it is, where torch's default (one thread per core) changes with the machine.
+
+OpenMP's wait policy is PASSIVE for the same reason (unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set): a
+thread waiting at a barrier sleeps instead of spinning (the embedded target's build was 17x slower beside one busy
+process with spinning waits). It changes speed only, never a byte of output (tests/core/test_threads.py).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+ONE_CORE = {
+    "OMP_NUM_THREADS": "1",  # OpenMP: torch's default intra-op pool, numpy's BLAS where it is OpenMP
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "RAYON_NUM_THREADS": "1",  # the Rust tokenizers' pool: batch encoding (prompt costs, mix labels)
+}
+
+
+def one_core_environment(environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """Set :data:`ONE_CORE` and the PASSIVE wait policy where the user set nothing (called by ``import draftline``).
+    Child processes (tokenize's workers, torchrun's ranks) inherit it."""
+    for name, value in ONE_CORE.items():
+        environ.setdefault(name, value)
+    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 @contextmanager
 def torch_threads(threads: int, deterministic: bool = False) -> Iterator[None]:
-    """Run the block with ``threads`` intra-op threads (0: torch's default) and, with ``deterministic``, torch's
+    """Run the block with ``threads`` intra-op threads (0: one per core) and, with ``deterministic``, torch's
     deterministic algorithms; both restored afterwards (tests share a process)."""
     import torch
 
     old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    if threads > 0:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads if threads > 0 else os.cpu_count() or 1)
     if deterministic:
         torch.use_deterministic_algorithms(True)
     try:
