@@ -1448,31 +1448,40 @@ MAKERS = {
 
 # ------------------------------------------------------------------ benchmark sets (evaluate.sets)
 
-def make_gsm8k(rng: random.Random, n: int = 8) -> list[dict[str, Any]]:
+def make_gsm8k(rng: random.Random, n: int = 24) -> list[dict[str, Any]]:
     """openai/gsm8k (main, test): ``question`` and ``answer`` (worked solution, then ``#### <number>``)."""
-    rows = []
-    for _ in range(n):
+    rows, seen = [], set()
+    while len(rows) < n:
         t = rng.randrange(len(GSM))
         slots = gsm_slots(rng, t)
-        rows.append({"question": GSM[t].question.format(**slots),
-                     "answer": GSM[t].steps.format(**slots) + f"\n#### {slots['ans']}"})
+        question = GSM[t].question.format(**slots)
+        if question in seen:  # every benchmark question distinct: a repeat is drawn again
+            continue
+        seen.add(question)
+        rows.append({"question": question, "answer": GSM[t].steps.format(**slots) + f"\n#### {slots['ans']}"})
     return rows
 
 
-def make_mt_bench(rng: random.Random, n: int = 8) -> list[dict[str, Any]]:
+def make_mt_bench(rng: random.Random, n: int = 24) -> list[dict[str, Any]]:
     """HuggingFaceH4/mt_bench_prompts (train): ``prompt`` is a list of two user turns, the second building on the
     reply to the first; ``category`` and ``reference`` (answers for math and coding, else empty)."""
-    rows = []
-    for i in range(n):
+    rows, seen = [], set()
+    topics = sorted(GOALS)
+    while len(rows) < n:
+        if len(rows) == 8:  # the first 8 rows drew their topics from GOALS alone (they keep their bytes); 5 are too few
+            topics = sorted(GOALS) + sorted(GOALS2)
         if rng.random() < 0.5:
-            topic = pick(rng, sorted(GOALS))
+            topic = pick(rng, topics)
             turns = [f"Give me some tips for {topic}.", "Now rewrite your answer as a short list of three points."]
             category = "writing"
         else:
             q, _, _ = math_problem(rng)
             turns = [q, "Explain the same solution to a ten-year-old."]
             category = "math"
-        rows.append({"prompt": turns, "prompt_id": 81 + i, "category": category, "reference": []})
+        if turns[0] in seen:  # every benchmark prompt distinct: a repeat is drawn again
+            continue
+        seen.add(turns[0])
+        rows.append({"prompt": turns, "prompt_id": 81 + len(rows), "category": category, "reference": []})
     return rows
 
 
