@@ -6,7 +6,9 @@ Seeded and deterministic: running it twice gives identical bytes. Answers come f
 (numbers, names, cities, functions), so a ~10M-parameter target trained for minutes on a CPU can learn them, and a
 drafter can then learn the target. Deliberate quirks (duplicates, near-duplicates, shared system prompts, broken
 rows) are inserted at seeded positions and their 1-based line numbers written to ``quirks.json``; README.md says why.
-Standard library only, so it runs before anything is installed.
+More rows, with content the first ones lack, are appended after the quirks from their own rng ("appended rows"), so
+that the sources hold enough distinct prompts without moving any earlier line. Standard library only, so it runs
+before anything is installed.
 """
 
 from __future__ import annotations
