@@ -6,7 +6,9 @@ Seeded and deterministic: running it twice gives identical bytes. Answers come f
 (numbers, names, cities, functions), so a ~10M-parameter target trained for minutes on a CPU can learn them, and a
 drafter can then learn the target. Deliberate quirks (duplicates, near-duplicates, shared system prompts, broken
 rows) are inserted at seeded positions and their 1-based line numbers written to ``quirks.json``; README.md says why.
-Standard library only, so it runs before anything is installed.
+More rows, with content the first ones lack, are appended after the quirks from their own rng ("appended rows"), so
+that the sources hold enough distinct prompts without moving any earlier line. Standard library only, so it runs
+before anything is installed.
 """
 
 from __future__ import annotations
@@ -377,7 +379,61 @@ TOOLS = [  # name, description, properties, required
      {"text": _p("string", "The text to translate."), "target_language": _p("string", "The language to translate into.")},
      ["text", "target_language"]),
 ]
-TOOL_INDEX = {t[0]: t for t in TOOLS}
+# Tools of the rows appended after the quirks (see "appended rows"): each with its own parameters and requests whose
+# slots (places, dishes, films, tasks) vary many words, so the prompts survive near-dedup. Kept out of TOOLS, whose
+# length the seeded draws of the first rows depend on.
+LANDMARKS = ["the train station", "the old town", "the airport", "the city museum", "the harbour", "the university",
+             "the central park", "the football stadium", "the main library", "the night market"]
+MODES = {"driving": "by car", "walking": "on foot", "transit": "by public transport", "cycling": "by bike"}
+DIETS = ["vegetarian", "vegan", "gluten-free", "low-carb"]
+INGREDIENTS = ["chickpeas", "spinach", "mushrooms", "rice", "lentils", "tofu", "sweet potatoes", "eggplant", "broccoli",
+               "zucchini", "quinoa", "tomatoes"]
+DISHES = ["Curry", "Stir-Fry", "Salad", "Soup", "Bowl", "Stew"]
+MOVIES = ["The Silent Harbor", "Northern Lights", "Paper Planets", "The Last Orchard", "Midnight Express Line",
+          "Glass Mountains", "A Summer in Lisbon", "Robots of Tomorrow", "The Clockmaker's Daughter", "River of Stars"]
+CINEMAS = ["Odeon", "Rex", "Lumiere", "Starlight", "Palace", "Grand"]
+REMINDERS = ["call the dentist", "water the plants", "pay the electricity bill", "pick up the dry cleaning",
+             "renew my passport", "book a table for dinner", "send the monthly report", "take the car for a service",
+             "return the library books", "back up my laptop", "cancel the gym trial", "buy a birthday present for {name}",
+             "call {name} back", "send {name} the photos"]
+HOTEL_AREAS = ["near the airport", "in the old town", "close to the beach", "near the train station",
+               "in the business district", "with a view of the river"]
+EVENTS = {"concerts": "Concert", "theatre plays": "Play", "sports matches": "Cup Match", "food festivals": "Food Fair",
+          "art exhibitions": "Art Show"}
+GENRES = ["mystery", "science fiction", "history", "fantasy", "biography"]
+BOOK_SUBJECTS = {"space travel": "the Stars", "ancient Rome": "the Forum", "the deep ocean": "the Deep",
+                 "dragons": "the Dragon", "a small mountain village": "the Valley", "artificial intelligence": "the Machine",
+                 "a famous chef": "the Kitchen", "a long sea voyage": "the Tide"}
+AUDIENCES = ["a teenager", "a beginner", "a book club"]
+SURNAMES = ["Moreau", "Tanaka", "Okafor", "Lindqvist", "Costa", "Haddad", "Novak", "Reyes"]
+
+EXTRA_TOOLS = [
+    ("get_directions", "Get a route between two places in a city.",
+     {"origin": _p("string", "Where the route starts."), "destination": _p("string", "Where the route ends."),
+      "city": _p("string", "The city both places are in."), "mode": _p("string", "How to travel.", enum=list(MODES))},
+     ["origin", "destination", "city", "mode"]),
+    ("search_recipes", "Search for recipes that use an ingredient and fit a diet.",
+     {"ingredient": _p("string", "The main ingredient."), "diet": _p("string", "The diet the recipe must fit.", enum=DIETS),
+      "max_minutes": _p("integer", "The longest cooking time in minutes.")}, ["ingredient", "diet"]),
+    ("get_movie_showtimes", "Get the showtimes of a film in a city on a given date.",
+     {"movie": _p("string", "The title of the film."), "city": _p("string", "The city to search in."),
+      "date": _p("string", "The date in YYYY-MM-DD format.")}, ["movie", "city", "date"]),
+    ("set_reminder", "Set a reminder that alerts the user at a date and time.",
+     {"text": _p("string", "What to remind the user of."), "date": _p("string", "The date in YYYY-MM-DD format."),
+      "time": _p("string", "The time in HH:MM format.")}, ["text", "date", "time"]),
+    ("book_hotel", "Book a hotel room in a city.",
+     {"city": _p("string", "The city to stay in."), "area": _p("string", "The part of the city to stay in."),
+      "check_in": _p("string", "The check-in date in YYYY-MM-DD format."), "nights": _p("integer", "How many nights to stay."),
+      "guests": _p("integer", "How many people stay in the room.")}, ["city", "check_in", "nights", "guests"]),
+    ("find_events", "Find public events of a kind in a city on a given date.",
+     {"city": _p("string", "The city to search in."), "category": _p("string", "The kind of event.", enum=list(EVENTS)),
+      "date": _p("string", "The date in YYYY-MM-DD format.")}, ["city", "category", "date"]),
+    ("recommend_books", "Recommend books of a genre about a subject for a reader.",
+     {"genre": _p("string", "The genre of the book.", enum=GENRES), "subject": _p("string", "What the book is about."),
+      "audience": _p("string", "Who will read the book.")}, ["genre", "subject"]),
+]
+EXTRA_NAMES = [t[0] for t in EXTRA_TOOLS]
+TOOL_INDEX = {t[0]: t for t in TOOLS + EXTRA_TOOLS}
 
 
 def openai_tool(name: str) -> dict[str, Any]:
@@ -464,6 +520,77 @@ def tool_task(rng: random.Random, names: list[str]) -> dict[str, Any]:
     out = {"French": "[fr] ", "Spanish": "[es] ", "German": "[de] "}[lang] + text
     return dict(user=f"Translate \"{text}\" into {lang}.", args={"text": text, "target_language": lang},
                 result={"translation": out}, answer=f"In {lang}, \"{text}\" is \"{out}\".")
+
+
+def extra_tool_task(rng: random.Random, names: list[str]) -> dict[str, Any]:
+    """As :func:`tool_task`, for the EXTRA_TOOLS of the appended rows; the dict names its tool too."""
+    name = pick(rng, names)
+    city, date = pick(rng, CITIES), pick(rng, DATES)
+    if name == "get_directions":
+        origin, dest = rng.sample(LANDMARKS, 2)
+        mode = pick(rng, list(MODES))
+        km = rng.randint(2, 40) / 2
+        minutes = max(5, int(km * {"driving": 3, "walking": 12, "transit": 5, "cycling": 4}[mode]))
+        user = pick(rng, ["How do I get from {o} to {d} in {c} {m}?", "What is the best route from {o} to {d} in {c} {m}?",
+                          "I am in {c}. Show me the way from {o} to {d} {m}, please."])
+        return dict(name=name, user=user.format(o=origin, d=dest, c=city, m=MODES[mode]),
+                    args={"origin": origin, "destination": dest, "city": city, "mode": mode},
+                    result={"distance_km": km, "duration_min": minutes},
+                    answer=f"The route from {origin} to {dest} in {city} {MODES[mode]} is {km} km long and takes about "
+                           f"{minutes} minutes.")
+    if name == "search_recipes":
+        ing, diet, most = pick(rng, INGREDIENTS), pick(rng, DIETS), pick(rng, [15, 20, 30, 45, 60])
+        dish, minutes = f"{ing.title()} {pick(rng, DISHES)}", most - 5 * rng.randint(0, 2)
+        user = pick(rng, ["Find me a {d} recipe with {i} that takes less than {m} minutes.",
+                          "I have some {i}. What {d} dish can I cook in under {m} minutes?",
+                          "Suggest a quick {d} meal made with {i}, ready within {m} minutes."])
+        return dict(name=name, user=user.format(d=diet, i=ing, m=most),
+                    args={"ingredient": ing, "diet": diet, "max_minutes": most},
+                    result={"recipes": [{"name": dish, "minutes": minutes}]},
+                    answer=f"Try {dish}: a {diet} dish with {ing} that is ready in {minutes} minutes.")
+    if name == "get_movie_showtimes":
+        movie, cinema = pick(rng, MOVIES), f"{pick(rng, CINEMAS)} Cinema"
+        times = [f"{rng.randint(14, 17)}:30", f"{rng.randint(19, 22)}:00"]
+        user = pick(rng, ["When is {f} playing in {c} on {d}?", "Find the showtimes for {f} in {c} on {d}.",
+                          "Is {f} showing at any cinema in {c} on {d}?"])
+        return dict(name=name, user=user.format(f=movie, c=city, d=date), args={"movie": movie, "city": city, "date": date},
+                    result={"cinema": cinema, "times": times},
+                    answer=f"{movie} is playing at the {cinema} in {city} on {date} at {times[0]} and {times[1]}.")
+    if name == "set_reminder":
+        task, time = pick(rng, REMINDERS).format(name=pick(rng, NAMES)), f"{rng.randint(7, 21):02d}:{pick(rng, ['00', '15', '30', '45'])}"
+        user = pick(rng, ["Remind me to {t} on {d} at {h}.", "Can you set a reminder on {d} at {h} to {t}?",
+                          "Please make sure I do not forget to {t}: remind me at {h} on {d}."])
+        return dict(name=name, user=user.format(t=task, d=date, h=time), args={"text": task, "date": date, "time": time},
+                    result={"status": "scheduled", "reminder_id": rng.randint(1000, 9999)},
+                    answer=f"Done. I will remind you on {date} at {time} to {task.replace('my ', 'your ')}.")
+    if name == "book_hotel":
+        area, nights, guests = pick(rng, HOTEL_AREAS), rng.randint(1, 7), rng.randint(1, 4)
+        hotel, price = f"Hotel {pick(rng, PLACE_WORDS)}", rng.randint(60, 400)
+        user = pick(rng, ["Book a hotel {a} in {c} for {g} guests, {n} nights from {d}.",
+                          "I need a room for {g} people {a} in {c}, checking in on {d} for {n} nights."])
+        return dict(name=name, user=user.format(a=area, c=city, g=guests, n=nights, d=date),
+                    args={"city": city, "area": area, "check_in": date, "nights": nights, "guests": guests},
+                    result={"hotel": hotel, "price_per_night_usd": price, "status": "booked"},
+                    answer=f"I booked {hotel} {area} in {city} for {guests} guests, {nights} nights from {date}, "
+                           f"at ${price} per night.")
+    if name == "find_events":
+        kind = pick(rng, list(EVENTS))
+        event = f"the {pick(rng, ['Spring', 'Summer', 'City', 'Open-Air', 'Riverside'])} {EVENTS[kind]}"
+        hour = rng.randint(10, 21)
+        user = pick(rng, ["What {k} are on in {c} on {d}?", "Are there any {k} in {c} on {d}?",
+                          "Find {k} happening in {c} on {d}."])
+        return dict(name=name, user=user.format(k=kind, c=city, d=date), args={"city": city, "category": kind, "date": date},
+                    result={"events": [{"name": event, "start": f"{hour}:00"}]},
+                    answer=f"On {date} in {city} you can go to {event}, which starts at {hour}:00.")
+    genre, (subject, place), reader = pick(rng, GENRES), pick(rng, list(BOOK_SUBJECTS.items())), pick(rng, AUDIENCES)
+    title = f"{pick(rng, ['Secrets of', 'Letters from', 'A Journey to', 'Beyond'])} {place}"
+    author = f"{pick(rng, NAMES)} {pick(rng, SURNAMES)}"
+    user = pick(rng, ["Recommend a {g} book about {s} for {r}.", "Can you suggest a good {g} book on {s}? It is for {r}.",
+                      "What {g} book about {s} would you give to {r}?"])
+    return dict(name=name, user=user.format(g=genre, s=subject, r=reader),
+                args={"genre": genre, "subject": subject, "audience": reader},
+                result={"books": [{"title": title, "author": author}]},
+                answer=f"I recommend \"{title}\" by {author}, a {genre} book about {subject} that suits {reader}.")
 
 
 def hermes_system(names: list[str], tools_text: str | None = None) -> str:
@@ -889,6 +1016,427 @@ def make_traces(rng: random.Random) -> Sample:
     return s
 
 
+# ------------------------------------------------------------------ appended rows (more distinct prompts)
+#
+# Rows appended at the end of each file, after the quirks, from their own rng: every earlier line and quirk keeps its
+# bytes and its line number. They add content the first rows never have (new concepts, code tasks, question
+# families, tools), so that their prompts survive the prompt stage's exact and near-duplicate removal: the held-out
+# evaluation takes 72 distinct prompts per source and the blend still needs the rest. No quirks among them.
+
+CONCEPTS2 = [  # term, definition, example: never in CONCEPTS, so no explanation repeats an earlier row
+    ("erosion", "the slow wearing away of rock and soil by water and wind", "a river carving a canyon over many years"),
+    ("a habitat", "the natural home where an animal or plant lives", "a coral reef that shelters many fish"),
+    ("supply and demand", "the idea that prices rise when many people want something that is scarce",
+     "concert tickets costing more when a popular band plays"),
+    ("a budget", "a plan for how to spend and save money over a period of time", "setting aside money each month for rent and food"),
+    ("condensation", "the change of a gas into a liquid when it cools", "water drops forming on a cold glass"),
+    ("a noun", "a word that names a person or a thing", "the word city in the sentence the city is busy"),
+    ("the water cycle", "the journey of water from the sea to the sky and back as rain",
+     "rain filling a lake that later evaporates"),
+    ("a database", "an organised collection of data that a program can search and update",
+     "a library system that stores every book and who borrowed it"),
+    ("an atom", "the smallest unit of a chemical element", "a single atom of oxygen in the air you breathe"),
+    ("a metaphor", "a figure of speech that describes something by calling it something else",
+     "saying that time is a thief"),
+    ("a loop", "a part of a program that repeats a block of code while a condition holds",
+     "printing the numbers from one to ten"),
+    ("a volcano", "an opening in the crust of the Earth where melted rock comes out", "lava flowing down a mountain in Hawaii"),
+    ("magnetism", "the force that pulls iron objects toward a magnet", "a fridge magnet holding up a note"),
+    ("a vaccine", "a substance that trains the immune system to fight a disease", "a flu shot given before winter"),
+    ("an election", "a process in which people vote to choose a leader or a policy", "students voting for a class president"),
+    ("encryption", "the scrambling of data so that only someone with the key can read it",
+     "a messaging app that hides your messages from others"),
+    ("a food chain", "the order in which living things eat one another to get energy",
+     "grass eaten by a rabbit that is eaten by a fox"),
+    ("a renewable resource", "a resource that nature replaces as fast as people use it", "wind turning a wind turbine"),
+    ("opportunity cost", "the value of the best choice you give up when you make a decision",
+     "missing a movie because you chose to study"),
+    ("a hypothesis", "an idea that a scientist tests with an experiment", "guessing that plants grow faster with more light"),
+    ("an API", "a set of rules that lets one program ask another program for data or actions",
+     "a weather app asking a server for the forecast"),
+    ("a tectonic plate", "a huge slab of the Earth's crust that slowly moves", "two plates pushing up a mountain range"),
+    ("an immune response", "the way the body finds and fights germs", "a fever while the body fights a cold"),
+    ("a prime number", "a whole number greater than one that only one and itself divide",
+     "the number seven, which nothing else divides evenly"),
+]
+EXPLAIN2 = ["Explain {t} in simple terms.", "What is {t}?", "Can you explain what {t} means?",
+            "Describe {t} in a few sentences.", "I keep hearing about {t}. What does it mean?"]
+GOALS2 = {
+    "eating more healthily": ["Add a vegetable to every meal.", "Drink water instead of soda.", "Plan your meals for the week.",
+                              "Keep fruit where you can see it.", "Cook with less salt and sugar."],
+    "getting fit at home": ["Start with ten minutes of exercise a day.", "Do push-ups and squats between tasks.",
+                            "Follow a short video workout.", "Walk during phone calls.", "Track your workouts in a notebook."],
+    "reading more books": ["Carry a book with you everywhere.", "Read ten pages before bed.", "Join a book club.",
+                           "Keep a list of books you want to read.", "Swap some screen time for reading."],
+    "keeping a tidy home": ["Put things back right after you use them.", "Clean one small area each day.",
+                            "Give away things you do not use.", "Make your bed every morning.", "Wash the dishes after each meal."],
+    "making new friends in a new city": ["Join a club or a sports team.", "Say yes to invitations.", "Take a class you enjoy.",
+                                         "Volunteer for a local cause.", "Talk to your neighbours."],
+    "preparing for a job interview": ["Research the company before the interview.", "Practice answers out loud.",
+                                      "Prepare two questions to ask them.", "Plan your route and arrive early.",
+                                      "Bring a copy of your CV."],
+}
+TIPS2 = ["Give me three tips for {g}.", "What are three good tips for {g}?", "How can I get better at {g}? Three tips, please."]
+PAIRS2 = [  # a, b, field, what a does, what b does: never in PAIRS
+    ("array", "linked list", "data structures", "stores its items next to each other in memory",
+     "stores each item with a link to the next one"),
+    ("atom", "molecule", "chemistry", "is a single particle of an element", "is two or more atoms bonded together"),
+    ("debit card", "credit card", "personal finance", "spends money that is already in your account",
+     "borrows money that you pay back later"),
+    ("simile", "metaphor", "writing", "compares two things using like or as", "says that one thing is another"),
+    ("mitosis", "meiosis", "biology", "makes two identical cells", "makes four cells with half the chromosomes"),
+    ("class", "object", "object-oriented programming", "is a blueprint that describes data and behaviour",
+     "is one concrete thing built from that blueprint"),
+    ("renewable resource", "non-renewable resource", "environmental science", "is replaced by nature as fast as we use it",
+     "takes millions of years to form again"),
+    ("primary key", "foreign key", "databases", "identifies each row of its own table",
+     "points to the primary key of another table"),
+    ("conductor", "insulator", "physics", "lets electricity flow through it easily", "blocks the flow of electricity"),
+    ("asteroid", "comet", "astronomy", "is a rocky body that mostly orbits between Mars and Jupiter",
+     "is an icy body that grows a tail near the Sun"),
+]
+
+
+def explain2(rng: random.Random) -> tuple[str, str, tuple]:
+    """As :func:`explain`, over CONCEPTS2 and EXPLAIN2."""
+    term, definition, example = c = pick(rng, CONCEPTS2)
+    a = (f"{term[0].upper() + term[1:]} is {definition}. A simple example is {example}. "
+         f"In short, {term} is {definition.split(',')[0]}.")
+    return pick(rng, EXPLAIN2).format(t=term), a, c
+
+
+def compare2(rng: random.Random) -> tuple[str, str]:
+    """As :func:`compare`, over PAIRS2, with a third phrasing."""
+    a, b, fld, da, db = pick(rng, PAIRS2)
+    q = pick(rng, ["What is the difference between a {a} and a {b} in {f}?", "In {f}, how does a {a} differ from a {b}?",
+                   "I am learning {f}. Can you tell me how a {a} and a {b} are different?"]).format(a=a, b=b, f=fld)
+    ans = (f"A {a} {da}, while a {b} {db}. Use a {a} when that behaviour is what you need, "
+           f"and a {b} otherwise. In short, the main difference is that a {a} {da}.")
+    return q, ans
+
+
+# Worked numeric questions, one family a tuple of (question phrasings, worked answer), slots drawn by `numeric`.
+# Their numbers are part of the problem: the sources that keep numbers exact in dedup (WebInstruct, traces) keep
+# each as its own prompt; the families and phrasings are new, so none equals an earlier row.
+UNITS = [("kilometers", "meters", 1000), ("hours", "minutes", 60), ("kilograms", "grams", 1000), ("liters", "milliliters", 1000),
+         ("feet", "inches", 12), ("days", "hours", 24), ("minutes", "seconds", 60), ("yards", "feet", 3)]
+
+
+def numeric(rng: random.Random) -> tuple[str, str]:
+    """A worked numeric question: rectangle area, simple interest, average, speed, unit conversion, polygon angles."""
+    k = rng.randrange(6)
+    if k == 0:
+        w, h = rng.randint(2, 30), rng.randint(2, 30)
+        q = pick(rng, ["What is the area of a rectangle that is {w} cm long and {h} cm wide?",
+                       "A rectangular garden measures {w} cm by {h} cm. How large is its area?"])
+        return (q.format(w=w, h=h), f"The area of a rectangle is its length times its width.\nA = {w} * {h} = {w * h}.\n"
+                                    f"So the area is {w * h} square centimeters.")
+    if k == 1:
+        p, r, t = rng.randint(1, 50) * 100, rng.randint(1, 9), rng.randint(1, 6)
+        q = pick(rng, ["How much simple interest does ${p} earn at {r}% per year in {t} years?",
+                       "If you deposit ${p} at a simple interest rate of {r}% a year, how much interest do you earn after {t} years?"])
+        return (q.format(p=p, r=r, t=t), f"Simple interest is I = P * r * t.\nI = {p} * {r}/100 * {t} = {p * r * t // 100}.\n"
+                                         f"So the interest is ${p * r * t // 100}.")
+    if k == 2:
+        xs = [rng.randint(1, 50) for _ in range(3)]
+        xs.append(4 * rng.randint(max(1, (sum(xs) + 4) // 4), (sum(xs) + 50) // 4) - sum(xs))  # the mean is a whole number
+        listed = ", ".join(map(str, xs[:-1])) + f" and {xs[-1]}"
+        q = pick(rng, ["What is the average of {l}?", "Find the mean of the numbers {l}."]).format(l=listed)
+        return q, (f"The average is the sum divided by the count.\nSum: {' + '.join(map(str, xs))} = {sum(xs)}.\n"
+                   f"Average: {sum(xs)} / 4 = {sum(xs) // 4}.\nSo the average is {sum(xs) // 4}.")
+    if k == 3:
+        v, t = rng.randint(4, 24) * 5, rng.randint(2, 6)
+        q = pick(rng, ["A car travels {d} km in {t} hours. What is its average speed?",
+                       "How fast is a train going on average if it covers {d} km in {t} hours?"])
+        return (q.format(d=v * t, t=t), f"Average speed is distance divided by time.\nv = {v * t} / {t} = {v}.\n"
+                                        f"So the average speed is {v} km per hour.")
+    if k == 4:
+        big, small, f = pick(rng, UNITS)
+        n = rng.randint(2, 40)
+        q = pick(rng, ["How many {s} are in {n} {b}?", "Convert {n} {b} to {s}."]).format(s=small, n=n, b=big)
+        return q, (f"There are {f} {small} in one {big[:-1]}.\nSo {n} {big} is {n} * {f} = {n * f} {small}.\n"
+                   f"The answer is {n * f} {small}.")
+    n = rng.randint(5, 20)
+    q = pick(rng, ["What is the sum of the interior angles of a polygon with {n} sides?",
+                   "How many degrees do the inside angles of a {n}-sided polygon add up to?"]).format(n=n)
+    return q, (f"A polygon with n sides has interior angles that add up to (n - 2) * 180 degrees.\n"
+               f"({n} - 2) * 180 = {n - 2} * 180 = {(n - 2) * 180}.\nSo the angles add up to {(n - 2) * 180} degrees.")
+
+
+def _fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def _words_example(r: random.Random) -> str:
+    return pick(r, ["the cat sat on the mat", "good morning to you", "hello world", "we love clean code",
+                    "the quick brown fox jumps", "time to go home"])
+
+
+CODE2 = [  # new function tasks: never in CODE, so no query repeats an earlier row; each example is checked by the code
+    CodeTask(["count_words", "word_count"], "counts the words in a sentence",
+             "splits the sentence on spaces and counts the pieces that are not empty",
+             "def {fn}(text):\n    return len([w for w in text.split(\" \") if w])",
+             "function {fn}(text) {{\n  return text.split(\" \").filter((w) => w.length > 0).length;\n}}",
+             lambda r: (lambda s: (json.dumps(s), str(len(s.split()))))(_words_example(r))),
+    CodeTask(["is_palindrome", "check_palindrome"], "checks whether a word reads the same backwards",
+             "compares the word with its reverse",
+             "def {fn}(word):\n    return word == word[::-1]",
+             "function {fn}(word) {{\n  return word === word.split(\"\").reverse().join(\"\");\n}}",
+             lambda r: (lambda w: (json.dumps(w), str(w == w[::-1])))(pick(r, ["level", "radar", "kayak", "noon", "apple", "river", "paris"]))),
+    CodeTask(["find_min", "smallest", "min_value"], "returns the smallest number in a list",
+             "keeps the smallest value seen so far while it walks the list",
+             "def {fn}(numbers):\n    best = numbers[0]\n    for n in numbers:\n        if n < best:\n            best = n\n    return best",
+             "function {fn}(numbers) {{\n  let best = numbers[0];\n  for (const n of numbers) {{\n    if (n < best) {{\n      best = n;\n    }}\n  }}\n  return best;\n}}",
+             lambda r: (lambda xs: (str(xs), str(min(xs))))(_nums(r))),
+    CodeTask(["fibonacci", "fib"], "returns the n-th Fibonacci number",
+             "starts from 0 and 1 and adds the last two numbers n times",
+             "def {fn}(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+             "function {fn}(n) {{\n  let a = 0;\n  let b = 1;\n  for (let i = 0; i < n; i++) {{\n    [a, b] = [b, a + b];\n  }}\n  return a;\n}}",
+             lambda r: (lambda n: (str(n), str(_fib(n))))(r.randint(3, 15))),
+    CodeTask(["gcd", "greatest_common_divisor"], "returns the greatest common divisor of two positive integers",
+             "replaces the pair by the smaller number and the remainder until the remainder is zero",
+             "def {fn}(a, b):\n    while b != 0:\n        a, b = b, a % b\n    return a",
+             "function {fn}(a, b) {{\n  while (b !== 0) {{\n    [a, b] = [b, a % b];\n  }}\n  return a;\n}}",
+             lambda r: (lambda g, p, q: (f"{g * p}, {g * q}", str(gcd(g * p, g * q))))(r.randint(2, 9), r.randint(1, 7), r.randint(1, 7))),
+    CodeTask(["remove_duplicates", "unique_items"], "removes repeated numbers from a list and keeps the first of each",
+             "adds each number to a new list only if it is not there yet",
+             "def {fn}(numbers):\n    seen = []\n    for n in numbers:\n        if n not in seen:\n            seen.append(n)\n    return seen",
+             "function {fn}(numbers) {{\n  const seen = [];\n  for (const n of numbers) {{\n    if (!seen.includes(n)) {{\n      seen.push(n);\n    }}\n  }}\n  return seen;\n}}",
+             lambda r: (lambda xs: (str(xs), str(list(dict.fromkeys(xs)))))([r.randint(1, 6) for _ in range(r.randint(4, 6))])),
+    CodeTask(["capitalize_words", "title_case"], "capitalizes the first letter of every word in a sentence",
+             "upper-cases the first letter of each word and joins the words back with spaces",
+             "def {fn}(text):\n    return \" \".join(w[:1].upper() + w[1:] for w in text.split(\" \"))",
+             "function {fn}(text) {{\n  return text.split(\" \").map((w) => w.charAt(0).toUpperCase() + w.slice(1)).join(\" \");\n}}",
+             lambda r: (lambda s: (json.dumps(s), json.dumps(" ".join(w[:1].upper() + w[1:] for w in s.split(" ")))))(_words_example(r))),
+    CodeTask(["sum_digits", "digit_sum"], "returns the sum of the digits of a non-negative integer",
+             "adds the last digit and drops it until the number is zero",
+             "def {fn}(n):\n    total = 0\n    while n > 0:\n        total += n % 10\n        n //= 10\n    return total",
+             "function {fn}(n) {{\n  let total = 0;\n  while (n > 0) {{\n    total += n % 10;\n    n = Math.floor(n / 10);\n  }}\n  return total;\n}}",
+             lambda r: (lambda n: (str(n), str(sum(map(int, str(n))))))(r.randint(10, 9999))),
+    CodeTask(["is_leap_year", "leap_year"], "checks whether a year is a leap year",
+             "tests divisibility by 4, 100 and 400 in the order the calendar rule gives",
+             "def {fn}(year):\n    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)",
+             "function {fn}(year) {{\n  return year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0);\n}}",
+             lambda r: (lambda y: (str(y), str(y % 4 == 0 and (y % 100 != 0 or y % 400 == 0))))(pick(r, [1900, 1996, 2000, 2023, 2024, 2100]))),
+    CodeTask(["square_all", "squares"], "returns the square of every number in a list",
+             "multiplies each number by itself and collects the results in a new list",
+             "def {fn}(numbers):\n    return [n * n for n in numbers]",
+             "function {fn}(numbers) {{\n  return numbers.map((n) => n * n);\n}}",
+             lambda r: (lambda xs: (str(xs), str([x * x for x in xs])))(_nums(r))),
+]
+ASK_CODE2 = ["Write a {L} function called `{fn}` that {d}.", "Implement `{fn}` in {L}: it {d}.",
+             "I need a {L} function that {d}. Please name it `{fn}`.", "Show me a {L} function `{fn}` which {d}."]
+
+
+def code_task2(rng: random.Random) -> tuple[str, str, str]:
+    """As :func:`code_task`, over CODE2, and SQL queries that sort, count and average (the first rows only filter)."""
+    if rng.random() < 0.2:
+        table, cols = pick(rng, TABLES)
+        col, n = pick(rng, cols), rng.randint(2, 20)
+        k = rng.randrange(3)
+        if k == 0:
+            q = pick(rng, ["Write a SQL query that returns the {n} {t} with the highest {c}.",
+                           "How do I get the top {n} {t} by {c} in SQL?"]).format(n=n, t=table, c=col)
+            sql, what = f"SELECT *\nFROM {table}\nORDER BY {col} DESC\nLIMIT {n};", f"the {n} rows of `{table}` with the highest `{col}`"
+        elif k == 1:
+            n *= 10
+            q = pick(rng, ["Write a SQL query that counts the {t} whose {c} is below {n}.",
+                           "How many {t} have a {c} under {n}? Write the SQL."]).format(n=n, t=table, c=col)
+            sql, what = f"SELECT COUNT(*)\nFROM {table}\nWHERE {col} < {n};", f"how many rows of `{table}` have a `{col}` below {n}"
+        else:
+            n *= 10
+            q = pick(rng, ["Write a SQL query for the average {c} of the {t} with a {c} of at least {n}.",
+                           "In SQL, how do I average the {c} over all {t} whose {c} is {n} or more?"]).format(n=n, t=table, c=col)
+            sql, what = (f"SELECT AVG({col})\nFROM {table}\nWHERE {col} >= {n};",
+                         f"the average `{col}` of the rows of `{table}` whose `{col}` is at least {n}")
+        return q, f"You can use the following query:\n\n```sql\n{sql}\n```\n\nThis query returns {what}.", "sql"
+    t = pick(rng, CODE2)
+    lang = pick(rng, ["python", "python", "javascript"])
+    fn = pick(rng, t.fn)
+    if lang == "javascript":
+        fn = fn.split("_")[0] + "".join(p.title() for p in fn.split("_")[1:])
+    arg, res = t.example(rng)
+    if lang == "javascript":
+        res = res.lower() if res in ("True", "False") else res
+    q = pick(rng, ASK_CODE2).format(L=LANGS[lang], fn=fn, d=t.desc)
+    code = (t.py if lang == "python" else t.js).format(fn=fn)
+    a = (f"Here is a {LANGS[lang]} function that {t.desc}:\n\n```{lang}\n{code}\n```\n\n"
+         f"It {t.how}. For example, `{fn}({arg})` returns `{res}`.")
+    return q, a, lang
+
+
+EXTRA_CATEGORIES = {"get_directions": ("Travel", "Navigation", "Route Planning"),
+                    "search_recipes": ("Food", "Recipes", "Recipe Search"),
+                    "get_movie_showtimes": ("Entertainment", "Movies", "Showtimes"),
+                    "set_reminder": ("Productivity", "Reminders", "Set Reminder"),
+                    "book_hotel": ("Travel", "Hotels", "Hotel Booking"),
+                    "find_events": ("Entertainment", "Events", "Event Search"),
+                    "recommend_books": ("Media", "Books", "Book Recommendation")}
+
+
+def more_infinity(rng: random.Random, s: Sample) -> None:
+    n = max(r.value["id"] for r in s.rows if not r.raw)  # ids go on from the last one
+
+    def add(convs, kind, source="Subjective"):
+        nonlocal n
+        n += 1
+        ab, ab_zh, cat, cat_zh = LABELS[kind]
+        s.add({"id": n, "conversations": convs,
+               "label": {"ability_en": [ab], "ability_zh": [ab_zh], "cate_ability_en": [cat], "cate_ability_zh": [cat_zh]},
+               "langdetect": "en", "source": source, "reward": rng.randint(-80, 100) / 4})
+
+    def h(v): return {"from": "human", "value": v}
+    def g(v): return {"from": "gpt", "value": v}
+
+    for _ in range(190):  # the first rows' shapes (system turn, follow-up turn), new concepts, goals and pairs
+        k = rng.random()
+        if k < 0.6:
+            q, a, (term, definition, example) = explain2(rng)
+            convs = [h(q), g(a)]
+            if rng.random() < 0.35:
+                convs += [h(pick(rng, ["Can you give another example?", "Give me an example."])),
+                          g(f"Sure. Another example of {term} is {example}. It shows {definition.split(',')[0]}.")]
+            if rng.random() < 0.2:
+                convs.insert(0, {"from": "system", "value": pick(rng, SYSTEM_PROMPTS)})
+            add(convs, "explain")
+        elif k < 0.8:
+            goal = pick(rng, list(GOALS2))
+            tips = rng.sample(GOALS2[goal], 3)
+            convs = [h(pick(rng, TIPS2).format(g=goal)), g(f"Here are three tips for {goal}:\n1. {tips[0]}\n2. {tips[1]}\n3. {tips[2]}")]
+            if rng.random() < 0.3:
+                convs += [h("Which one is the most important?"), g(f"If you only pick one, start with this: {tips[0]}")]
+            add(convs, "tips")
+        else:
+            q, a = compare2(rng)
+            add([{"from": "system", "value": SYSTEM_PROMPTS[0]}, h(q), g(a)], "explain", source="OpenHermes-2.5")
+
+
+def more_webinstruct(rng: random.Random, s: Sample) -> None:
+    for _ in range(160):
+        k = rng.random()
+        if k < 0.6:
+            (q, a), src = numeric(rng), ("socratic" if rng.random() < 0.6 else "mathstackexchange")
+        else:
+            (q, a), src = compare2(rng), "stackexchange"
+        s.add({"question": q, "answer": a, "source": src})
+
+
+def more_codefeedback(rng: random.Random, s: Sample) -> None:
+    for _ in range(200):
+        q, a, lang = code_task2(rng)
+        s.add({"query": q, "answer": a, "resource": pick(rng, ["evolinstruct", "magicoder", "codealpaca", "wizardcoder"]),
+               "lang": lang})
+
+
+def more_hermes(rng: random.Random, s: Sample) -> None:
+    def call_text(task):
+        return "<tool_call>\n" + repr({"arguments": task["args"], "name": task["name"]}) + "\n</tool_call>\n"
+
+    def response(task):
+        return "<tool_response>\n" + json.dumps({"name": task["name"], "content": task["result"]}) + "\n</tool_response>\n"
+
+    for _ in range(130):
+        names = rng.sample(EXTRA_NAMES, rng.randint(1, 3))
+        task = extra_tool_task(rng, names)
+        convs = [{"from": "system", "value": hermes_system(names)}, {"from": "human", "value": task["user"]},
+                 {"from": "gpt", "value": call_text(task)}, {"from": "tool", "value": response(task)},
+                 {"from": "gpt", "value": task["answer"]}]
+        if rng.random() < 0.15 and len(names) > 1:  # a second request in the same conversation
+            t2 = extra_tool_task(rng, names)
+            convs += [{"from": "human", "value": "Thanks. " + t2["user"]}, {"from": "gpt", "value": call_text(t2)},
+                      {"from": "tool", "value": response(t2)}, {"from": "gpt", "value": t2["answer"]}]
+        cat, sub, tk = EXTRA_CATEGORIES[task["name"]]
+        s.add({"id": str(uuid.UUID(int=rng.getrandbits(128), version=4)), "conversations": convs,
+               "category": cat, "subcategory": sub, "task": tk})
+
+
+def more_agent(rng: random.Random, s: Sample) -> None:
+    reason_sys = ("You are a methodical and expert assistant. Your primary goal is to solve user requests by leveraging "
+                  "a set of available tools. You must reason for the best course of action in a structured manner before responding.")
+    for i in range(140):  # both shapes, alternating: sharegpt turns, then typed content parts
+        names = rng.sample(EXTRA_NAMES, rng.randint(1, 3))
+        task = extra_tool_task(rng, names)
+        name, call = task["name"], json.dumps({"name": task["name"], "arguments": task["args"]}, ensure_ascii=False)
+        if i % 2 == 0:
+            convs = [{"from": "human", "value": task["user"]}, {"from": "function_call", "value": call},
+                     {"from": "observation", "value": json.dumps(task["result"], ensure_ascii=False)},
+                     {"from": "gpt", "value": task["answer"]}]
+            if rng.random() < 0.15:  # a request no tool serves (a hotel is one when book_hotel is offered)
+                asks = ["Can you also order a taxi for me?"] + (["Could you book a hotel room too?"] if "book_hotel" not in names else [])
+                convs += [{"from": "human", "value": pick(rng, asks)},
+                          {"from": "gpt", "value": "I'm sorry, but I can't do that because I don't have a tool for it. "
+                                                   "I can only help with the functions I have been given."}]
+            s.add({"conversations": convs, "tools": json.dumps([glaive_tool(n) for n in names], ensure_ascii=False)})
+            continue
+        msgs = [{"role": "system", "content": [{"type": "text", "value": reason_sys}]},
+                {"role": "user", "content": [{"type": "text", "value": task["user"]}]},
+                {"role": "assistant", "content": [
+                    {"type": "reasoning", "value": f"The user wants help with this request. The {name} tool can answer it, "
+                                                   f"so I will call it with {json.dumps(task['args'], ensure_ascii=False)}."},
+                    {"type": "tool_call", "value": call}]},
+                {"role": "tool", "content": [{"type": "text", "value": json.dumps([{"name": name, "content": task["result"]}],
+                                                                                 ensure_ascii=False)}]},
+                {"role": "assistant", "content": [
+                    {"type": "reasoning", "value": f"The {name} tool returned the result. I can now answer the user directly."},
+                    {"type": "text", "value": task["answer"]}]}]
+        s.add({"messages": msgs, "tools": json.dumps([llamafactory_tool(n) for n in names], ensure_ascii=False)})
+
+
+def more_traces(rng: random.Random, s: Sample) -> None:
+    # Request ids go on from the last numbered one (the quirk rows' req-bad-1 / req-trunc-N are not numbered).
+    n = max(int(r.value["id"][4:]) for r in s.rows if not r.raw and r.value["id"][4:].isdigit())
+    city_sys = ("You are a city guide assistant for the Draftline demo app. Call a tool whenever one can answer the "
+                "request, and answer in one or two sentences.")
+
+    for _ in range(130):  # the first rows' shapes: string / list content, system prompt, multi-turn, tools, images
+        n += 1
+        k = rng.random()
+        opts = {}
+        if rng.random() < 0.6:
+            opts["max_tokens"] = pick(rng, [128, 256, 512, 1024])
+        if rng.random() < 0.4:
+            opts["temperature"] = pick(rng, [0.0, 0.2, 0.7, 1.0])
+        model = pick(rng, ["qwen3-8b", "Qwen/Qwen3-32B", "gpt-4o-mini"])
+        if k < 0.45:  # the city-guide system prompt in front of distinct requests, with the 2-4 tools the app picked
+            names = rng.sample(EXTRA_NAMES, rng.randint(2, 4))
+            task = extra_tool_task(rng, names)
+            body = {"model": model, "messages": [{"role": "system", "content": city_sys}, {"role": "user", "content": task["user"]}],
+                    "tools": [openai_tool(t) for t in names], "tool_choice": "auto", **opts}
+        elif k < 0.65:
+            body = {"model": model, "messages": [{"role": "user", "content": numeric(rng)[0]}], **opts}
+        elif k < 0.75:
+            body = {"model": model, "messages": [{"role": "system", "content": pick(rng, SYSTEM_PROMPTS)},
+                                                 {"role": "user", "content": numeric(rng)[0]}], **opts}
+        elif k < 0.85:
+            body = {"model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": numeric(rng)[0]}]}], **opts}
+        elif k < 0.92:  # a photo of the exercise beside its text
+            url = TINY_PNG if rng.random() < 0.4 else f"https://images.example.com/homework-{rng.randint(1, 999)}.jpg"
+            body = {"model": model, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": numeric(rng)[0] + " The photo shows my working."},
+                {"type": "image_url", "image_url": {"url": url}}]}], **opts}
+        else:
+            q, a = numeric(rng)
+            body = {"model": model, "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a},
+                                                 {"role": "user", "content": "Can you check that answer another way?"}], **opts}
+        if rng.random() < 0.1:
+            body["stream"] = True
+        s.add({"id": f"req-{n:05d}", "endpoint": pick(rng, ["POST http://localhost:30000/v1/chat/completions",
+                                                             "POST https://api.example.com/v1/chat/completions"]),
+               "body": body})
+
+
+MORE = {
+    "infinity_instruct": more_infinity,
+    "webinstructsub": more_webinstruct,
+    "codefeedback": more_codefeedback,
+    "hermes_fc": more_hermes,
+    "agent": more_agent,
+    "http_traces": more_traces,
+}
+
 MAKERS = {
     "infinity_instruct": make_infinity,
     "webinstructsub": make_webinstruct,
@@ -902,31 +1450,40 @@ MAKERS = {
 
 # ------------------------------------------------------------------ benchmark sets (evaluate.sets)
 
-def make_gsm8k(rng: random.Random, n: int = 8) -> list[dict[str, Any]]:
+def make_gsm8k(rng: random.Random, n: int = 24) -> list[dict[str, Any]]:
     """openai/gsm8k (main, test): ``question`` and ``answer`` (worked solution, then ``#### <number>``)."""
-    rows = []
-    for _ in range(n):
+    rows, seen = [], set()
+    while len(rows) < n:
         t = rng.randrange(len(GSM))
         slots = gsm_slots(rng, t)
-        rows.append({"question": GSM[t].question.format(**slots),
-                     "answer": GSM[t].steps.format(**slots) + f"\n#### {slots['ans']}"})
+        question = GSM[t].question.format(**slots)
+        if question in seen:  # every benchmark question distinct: a repeat is drawn again
+            continue
+        seen.add(question)
+        rows.append({"question": question, "answer": GSM[t].steps.format(**slots) + f"\n#### {slots['ans']}"})
     return rows
 
 
-def make_mt_bench(rng: random.Random, n: int = 8) -> list[dict[str, Any]]:
+def make_mt_bench(rng: random.Random, n: int = 24) -> list[dict[str, Any]]:
     """HuggingFaceH4/mt_bench_prompts (train): ``prompt`` is a list of two user turns, the second building on the
     reply to the first; ``category`` and ``reference`` (answers for math and coding, else empty)."""
-    rows = []
-    for i in range(n):
+    rows, seen = [], set()
+    topics = sorted(GOALS)
+    while len(rows) < n:
+        if len(rows) == 8:  # the first 8 rows drew their topics from GOALS alone (they keep their bytes); 5 are too few
+            topics = sorted(GOALS) + sorted(GOALS2)
         if rng.random() < 0.5:
-            topic = pick(rng, sorted(GOALS))
+            topic = pick(rng, topics)
             turns = [f"Give me some tips for {topic}.", "Now rewrite your answer as a short list of three points."]
             category = "writing"
         else:
             q, _, _ = math_problem(rng)
             turns = [q, "Explain the same solution to a ten-year-old."]
             category = "math"
-        rows.append({"prompt": turns, "prompt_id": 81 + i, "category": category, "reference": []})
+        if turns[0] in seen:  # every benchmark prompt distinct: a repeat is drawn again
+            continue
+        seen.add(turns[0])
+        rows.append({"prompt": turns, "prompt_id": 81 + len(rows), "category": category, "reference": []})
     return rows
 
 
@@ -947,7 +1504,10 @@ def main(out: Path = HERE) -> None:
     out.mkdir(parents=True, exist_ok=True)
     manifest = {}
     for i, (name, make) in enumerate(MAKERS.items()):
-        rows, quirks = make(random.Random(SEED + i)).write(out, name)
+        sample = make(random.Random(SEED + i))
+        if name in MORE:  # appended after every quirk, from their own rng: earlier lines keep their bytes and numbers
+            MORE[name](random.Random(SEED + 1000 + i), sample)
+        rows, quirks = sample.write(out, name)
         manifest[name] = {"rows": rows, "quirks": dict(sorted(quirks.items()))}
         print(f"{name}: {rows} lines, {(out / f'{name}.jsonl').stat().st_size / 1e6:.2f} MB")
     (out / "quirks.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
