@@ -7,10 +7,11 @@ base's rows decoded from their tokens) gets a **domain** and a **language** here
 Domains (:data:`DOMAINS`), decided by the first rule that fires, in this order:
 
 1. ``tool_use``: the prompt offers tools (a ``tools`` list, a ``<tools>`` block or OpenAI function specs in the
-   system prompt as a chat template renders them) or already holds tool calls or tool results. The reply a drafter
-   learns there is a tool call or an answer built on a tool result, whatever the question is about: "how much
-   should I tip on $104" with a calculator offered is a tool-use row, not arithmetic. First, because it is the
-   only rule that reads structure, never words.
+   system prompt as a chat template renders them; in a system prompt also a bare JSON function spec with its
+   ``"parameters"``, glaive's "access to the following functions", a ReAct tool list with ``Action Input:``) or
+   already holds tool calls or tool results. The reply a drafter learns there is a tool call or an answer built on
+   a tool result, whatever the question is about: "how much should I tip on $104" with a calculator offered is a
+   tool-use row, not arithmetic. First, because it is the only rule that reads structure, never words.
 2. ``code``: the user's text holds code or asks for it: a code fence, a line that reads as code (``def``,
    ``class``, ``#include``, ``import``, ``SELECT ... FROM``, a statement ending in ``;`` or ``{``), a programming
    language named (Python, SQL, GLSL...), or a request to write / implement / debug a function, script, program,
@@ -60,6 +61,12 @@ class Label:
 
 # --- tool use -------------------------------------------------------------------------------------------------
 _TOOLS_IN_TEXT = re.compile(r"<tools>|\"type\"\s*:\s*\"function\"|'type'\s*:\s*'function'|<tool_call>|<tool_response>")
+# Tools a system prompt offers in other shapes: a JSON function spec (glaive's "access to the following functions"
+# followed by {"name", "description", "parameters"}), a ReAct tool list ("Action Input:"). Read in system text only:
+# a user pasting a JSON schema is not offering tools.
+_TOOLS_IN_SYSTEM = re.compile(
+    r"[\"']parameters[\"']\s*:\s*\{|access to the following (?:functions|tools|apis)\b|^Action Input:", re.M
+)
 
 # --- code -----------------------------------------------------------------------------------------------------
 _FENCE = re.compile(r"```")
@@ -179,6 +186,10 @@ def classify(user_text: str, tools_offered: bool) -> Label:
     return Label(domain_of(user_text, tools_offered), language_of(user_text))
 
 
+def _offers_tools(system: str) -> bool:
+    return bool(_TOOLS_IN_TEXT.search(system) or _TOOLS_IN_SYSTEM.search(system))
+
+
 def classify_messages(messages: Iterable[dict[str, Any]], tools: list | None) -> Label:
     """A prompt record's label: its user turns' text; tools offered by the ``tools`` list, a system prompt that
     embeds tool specs, or tool calls / results already in the prompt."""
@@ -189,7 +200,7 @@ def classify_messages(messages: Iterable[dict[str, Any]], tools: list | None) ->
             user.append(content)
         elif role == "tool" or m.get("tool_calls"):
             offered = True
-        elif role == "system" and _TOOLS_IN_TEXT.search(content):
+        elif role == "system" and _offers_tools(content):
             offered = True
     return classify("\n".join(user), offered)
 
@@ -200,11 +211,12 @@ _CHATML_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|$)", re.DO
 def classify_rendered(text: str) -> Label:
     """The label of a prompt decoded from tokens (a base's row, chat template included): ChatML turns
     (``<|im_start|>role ... <|im_end|>``, Qwen's template) are split by role; any other rendering is read whole
-    as the user's text. Tools offered: a ``<tools>`` block, function specs, tool calls or tool responses."""
+    as the user's text. Tools offered: a ``<tools>`` block, function specs, tool calls or tool responses anywhere,
+    or a system turn that offers tools in another shape (:data:`_TOOLS_IN_SYSTEM`)."""
     turns = _CHATML_TURN.findall(text)
     offered = bool(_TOOLS_IN_TEXT.search(text))
     if not turns:
         return classify(text, offered)
     user = [c for role, c in turns if role == "user" and "<tool_response>" not in c]
-    offered = offered or any(role == "tool" for role, _ in turns)
+    offered = offered or any(role == "tool" or (role == "system" and _offers_tools(c)) for role, c in turns)
     return classify("\n".join(user), offered)
