@@ -13,9 +13,12 @@ Domains (:data:`DOMAINS`), decided by the first rule that fires, in this order:
    a tool result, whatever the question is about: "how much should I tip on $104" with a calculator offered is a
    tool-use row, not arithmetic. First, because it is the only rule that reads structure, never words.
 2. ``code``: the user's text holds code or asks for it: a code fence, a line that reads as code (``def``,
-   ``class``, ``#include``, ``import``, ``SELECT ... FROM``, a statement ending in ``;`` or ``{``), a programming
-   language named (Python, SQL, GLSL...), or a request to write / implement / debug a function, script, program,
-   query or algorithm. Before math, because a coding task about numbers (a factorial function, pi by Leibniz)
+   ``class``, ``#include``, ``import``, ``SELECT ... FROM``, a statement ending in ``;`` or ``{``, a diff, SQL
+   joins), what a program prints (an exception class, a traceback, a segfault, a command line with flags), a
+   programming language or a coding tool named (Python, SQL, GLSL, git, Linux, cron, pytest, VBA...), a regular
+   expression or a spreadsheet formula / macro, "this code" asked about, or a request to write / implement / debug
+   a function, script, program, query or algorithm, in English or another language (a verb and a thing made of
+   code, both needed). Before math, because a coding task about numbers (a factorial function, pi by Leibniz)
    is answered in code, and code dominates a drafter's acceptance there.
 3. ``math``: LaTeX (``$...$``, ``\\frac``, ``\\sqrt``), an equation (``4y + 3 = 35``), a number problem (two or
    more numbers and a calculation cue: how many, how much, calculate, solve, percent, of...), or a question about
@@ -73,18 +76,73 @@ _FENCE = re.compile(r"```")
 _CODE_LINE = re.compile(
     r"(?m)^\s*(?:def \w+\s*\(|class \w+[\s:(]|#include\s*[<\"]|import \w|from [\w.]+ import |"
     r"(?:public|private|static) [\w<>\[\]]+ \w+\s*\(|function\s*\w*\s*\(|(?:const|let|var) \w+\s*=|"
-    r"SELECT\b.+\bFROM\b|CREATE TABLE\b|#!/)"
-    r"|^.{0,200}[;{]\s*$"
+    r"SELECT\b.+\bFROM\b|CREATE TABLE\b|#!/|for \w+ in .+:\s*$|-\s.+\n\+\s)"  # ... a Python loop; a diff's -/+ lines
+    r"|^.{0,200}[;{]\s*$|\{[^{}\n]*;\s*\}"  # a statement; a one-line block ({ console.log(i); })
+    r"|\b(?:LEFT|RIGHT|INNER|OUTER|FULL|CROSS) JOIN\b|\bGROUP BY\b|\bORDER BY\b"  # SQL, in SQL's capitals
+)
+# Text a program prints, not a person: an exception class (KeyError, NullPointerException), a traceback, a crash,
+# git's "fatal:"; a command line with flags (tar -xzvf, find . -name); an algorithm's big-O. Case-sensitive.
+_CODE_OUTPUT = re.compile(
+    r"\b[A-Z][a-z]+(?:[A-Z][a-z]*)*(?:Error|Exception)\b|Traceback \(most recent call last\)|Segmentation fault|"
+    r"core dumped|\bfatal: |(?:^|[\s:`])(?:sudo|git|tar|find|grep|sed|awk|chmod|chown|ls|rm|cp|ssh|curl|wget|docker|"
+    r"kubectl|npm|pip|apt(?:-get)?|brew|systemctl|lsof|netstat|ps)\s+(?:[^\s-]+\s+)?--?[A-Za-z]|"
+    r"\bO\((?:1|n|log n|n log n|n\^?2|n²)\)",
+    re.M,
 )
 _LANGUAGES = re.compile(  # no \b: CJK text runs a name into the next word ("Pythonで")
     r"(?<![A-Za-z])(?:python|javascript|typescript|java|c\+\+|c#|golang|rust|kotlin|swift|ruby|php|perl|scala|haskell|"
     r"sql|mysql|postgresql|sqlite|html|css|bash|powershell|matlab|glsl|hlsl|verilog|vhdl|react|django|flask|"
-    r"pandas|numpy|tensorflow|pytorch|regex|regular expression|systemd|dockerfile|kubernetes|c language)(?![A-Za-z])"
+    r"pandas|numpy|tensorflow|pytorch|regex|regular expression|systemd|dockerfile|kubernetes|c language|"
+    r"git|linux|cron(?:tab)?|pytest|unittest|vba)(?![A-Za-z])"  # tools whose questions are answered in code or commands
+    r"|파이썬|자바스크립트|パイソン|ジャバスクリプト"  # language names as Korean and Japanese write them
 )
+# A regular expression, a code repository or a spreadsheet lookup function named in other languages.
+_CODE_TERMS = re.compile(
+    r"expression régulière|expresi[oó]n regular|regulären? ausdruck|espressione regolare|expressão regular|"
+    r"регулярн\w+ выражени|正規表現|正则表达式|정규\s?표현식|远程仓库|代码库|リポジトリ|"
+    r"vert\.zoeken|buscarv|recherchev|sverweis|cerca\.vert|procv|vlookup|xlookup|sumif|countif"
+)
+# A spreadsheet together with a formula, a column, a cell or a macro: a formula / VBA question. The spreadsheet
+# alone is not enough ("Excel skills on a CV").
+_SPREADSHEET = re.compile(r"\bexcel\b|google sheets|spreadsheet|hoja de cálculo|tableur|tabellenkalkulation|"
+                          r"foglio di calcolo|planilha|электронн\w+ таблиц|スプレッドシート|엑셀|电子表格")
+_CELLS = re.compile(r"\b(?:formulas?|fórmulas?|formules?|formeln?|columns?|colonnes?|spalten?|columnas?|colonn[ae]|"
+                    r"colunas?|cells?|celdas?|cell[ae]|células?|zellen?|macros?|makros?|tabblad|hojas?)\b|"
+                    r"формул|столб|ячейк|макрос|数式|수식|公式|セル|셀|单元格|マクロ|매크로")
 _CODE_ASK = re.compile(
-    r"\b(?:write|implement|create|code|build|fix|debug|refactor|optimi[sz]e|complete|convert|translate)\b[^.?!\n]{0,60}?"
+    r"\b(?:writ(?:e|es|ing)|implement(?:s|ing)?|creat(?:e|es|ing)|code|build(?:s|ing)?|fix|debug|refactor|"
+    r"optimi[sz]e|complete|convert|translate)\b[^.?!\n]{0,60}?"
     r"\b(?:function|method|script|program|class|query|algorithm|pseudo-?code|snippet|code|api|endpoint|unit tests?)\b"
     r"|\bpseudo-?code\b|\bsource code\b|\bcode snippet\b|\bcompil(?:e|er|ation) error\b|\bstack trace\b"
+)
+# The same request in other languages: a verb (write / implement / create) and, in either order within a sentence,
+# a thing made of code. Both are needed: "funzione" alone is also a mathematical function. The word for a
+# "program" is left out but in Chinese (程序): elsewhere it is as often a workout or a TV programme.
+_ASK_VERBS = {
+    "fr": r"écri[st]|écrire|écrivez|implémente\w*|crée[rz]?",
+    "de": r"schreib\w*|implementier\w*|erstell\w*",
+    "es it pt": r"escrib\w*|implementa\w*|crea\b|crear|scriv\w*|escrev\w*|cri[ea]\b",
+    "ru uk": r"напиш\w*|реализу\w*|созда\w*|створ\w*",
+    "ja ko zh": r"書いて|書け|実装|作成|작성|구현|만들어|写|编写|实现",
+    "nl pl cs": r"schrijf|maak|napisz|zaimplementuj|utwórz|napiš\w*|vytvoř\w*",
+    "tr vi ar hi fa": r"yaz\w*|oluştur\w*|viết|tạo|اكتب|أنشئ|लिख|بنویس\w*|بساز",
+    "sv id": r"skriv\w*|skapa|tulis\w*|buat\w*",
+}
+_ASK_THINGS = {
+    "function": r"fonction|functie|funktion|función|funzione|função|функци\w*|функці\w*|関数|함수|函数|funkcj\w*|"
+                r"fonksiyon|hàm\b|دالة|फ़ंक्शन|fungsi|funkc\w*|تابع",
+    "script, program": r"script|skript|скрипт|スクリプト|스크립트|脚本|程序",
+    "query, macro": r"requête|abfrage|consulta|query|запрос|クエリ|쿼리|查询|macro|makro|макрос|マクロ|매크로",
+    "code": r"code|código|codice|код|コード|코드|代码|\bkod\b|\bkód\b|کد|कोड|\bkode\b",
+}
+_VERB, _THING = "|".join(_ASK_VERBS.values()), "|".join(_ASK_THINGS.values())
+_CODE_ASK_OTHER = re.compile(rf"(?:{_VERB})[^.?!。？！\n]{{0,60}}(?:{_THING})|(?:{_THING})[^.?!。？！\n]{{0,40}}(?:{_VERB})")
+# "this code" / "the following code" in other languages: a question about code shown in the prompt ("el código",
+# "il codice" alone are as often a postcode or a legal code).
+_THIS_CODE = re.compile(
+    r"ce code|le code suivant|diese[nrm]? code|folgenden? code|este código|questo codice|seguinte código|deze code|"
+    r"этот код|этом коде|этого кода|следующий код|цей код|这段代码|这个代码|以下代码|下面的代码|このコード|次のコード|"
+    r"이 코드|다음 코드|ten kod|bu kod|mã này|هذا الكود|यह कोड|den här koden|kode ini|tento kód|این کد"
 )
 _IDENT = re.compile(r"`[A-Za-z_][\w.]*(?:\(\))?`")  # `snake_case` / `camelCase` in backticks: a named identifier
 
@@ -113,8 +171,10 @@ _OTHER_CALC = re.compile(
 
 # The word patterns above are matched against the lowercased text (3-4x faster than re.IGNORECASE).
 def _has_code(text: str, low: str) -> bool:
-    return bool(_FENCE.search(text) or _CODE_LINE.search(text) or _LANGUAGES.search(low)
-                or _CODE_ASK.search(low) or _IDENT.search(text))
+    return bool(_FENCE.search(text) or _CODE_LINE.search(text) or _CODE_OUTPUT.search(text)
+                or _LANGUAGES.search(low) or _CODE_TERMS.search(low) or _IDENT.search(text)
+                or _CODE_ASK.search(low) or _CODE_ASK_OTHER.search(low) or _THIS_CODE.search(low)
+                or (_SPREADSHEET.search(low) and _CELLS.search(low)))
 
 
 def _has_math(text: str, low: str) -> bool:
