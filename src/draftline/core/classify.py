@@ -20,9 +20,11 @@ Domains (:data:`DOMAINS`), decided by the first rule that fires, in this order:
    a function, script, program, query or algorithm, in English or another language (a verb and a thing made of
    code, both needed). Before math, because a coding task about numbers (a factorial function, pi by Leibniz)
    is answered in code, and code dominates a drafter's acceptance there.
-3. ``math``: LaTeX (``$...$``, ``\\frac``, ``\\sqrt``), an equation (``4y + 3 = 35``), a number problem (two or
-   more numbers and a calculation cue: how many, how much, calculate, solve, percent, of...), or a question about
-   a mathematical notion (fraction, median, probability, derivative...). Replies here are worked arithmetic.
+3. ``math``: LaTeX (``$...$``, ``\\frac``, ``\\sqrt``), an equation or a power (``4y + 3 = 35``, ``x² − 5x``,
+   ``f(x) =``, ``lim``), a number problem (a number and a calculation cue: how many, how much, calculate, solve,
+   percent...; or the same cue in one of 20 other languages: combien, berechne, сколько, 多少, 求...), or a question
+   about a mathematical notion or a proof (fraction, median, probability, derivative, hypotenuse, "prove that"...;
+   in English and the same 20 languages). Replies here are worked arithmetic.
 4. ``general``: everything else (explanations, writing, advice, reading comprehension, science in words).
 
 Languages are ISO 639-1 codes from py3langid, a pure-Python port of langid.py that ships its model inside the
@@ -148,25 +150,92 @@ _IDENT = re.compile(r"`[A-Za-z_][\w.]*(?:\(\))?`")  # `snake_case` / `camelCase`
 
 # --- math -----------------------------------------------------------------------------------------------------
 _LATEX = re.compile(r"\$[^$\n]{1,200}\$|\\(?:frac|sqrt|times|cdot|int|sum|prod|lim|le|ge|neq|pi|alpha|theta|begin)\b")
-_EQUATION = re.compile(r"\b\d*[a-z]?\s*[-+*/^×÷]\s*\d+[a-z]?\s*=\s*-?\d|\b[a-z]\s*\^\s*\d|\d\s*[×÷]\s*\d")
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:[.,]\d+)?%?")
+# An equation (4y + 3 = 35; 3x − 5 = 10 with a Unicode minus), a power (x^2, n², (1 + 1/n)^n; not m², a unit),
+# a function defined (f(x) =), a limit (lim).
+_EQUATION = re.compile(
+    r"\b\d*[a-z]?\s*[-−+*/^×÷]\s*\d+[a-z]?\s*=\s*[-−]?\d|\b[a-z]\s*\^\s*\d|\d\s*[×÷]\s*\d|"
+    r"(?<![A-Za-z])[a-ln-z]\s*[²³]|[\w)]\s*\^\s*[a-z(]|\b[fgh]\s*\(\s*[a-z]\s*\)\s*=|\blim\b"
+)
+# Not inside a word or a version (x2, v1.2), but CJK text runs a number into its words (有12个, 半径4cm).
+_NUMBER = re.compile(r"(?<![A-Za-z\d_.])-?\d+(?:[.,]\d+)?%?")
 _CALC_CUE = re.compile(
-    r"\b(?:how many|how much|how far|how long will|calculate|compute|solve|evaluate|simplify|find the (?:value|sum|"
-    r"product|area|perimeter|volume|slope|probability|number)|what is \d|percent|per cent|total cost|in total|"
-    r"left\b|remain|average|convert)\b|%"
+    r"\b(?:how many|how much|how far|how long will|how long does it take|calculate|compute|solve|evaluate|simplify|"
+    r"find the (?:value|sum|product|area|perimeter|volume|slope|probability|number|limit)|what is \d|percent|per cent|"
+    r"total cost|in total|left\b|remain|average|convert|ph of|moles? of)\b|%"
 )
 _MATH_WORDS = re.compile(
     r"\b(?:fractions?|numerator|denominator|equations?|polynomials?|derivatives?|integrals?|probability|"
     r"median|variance|standard deviation|theorem|prime numbers?|greatest common (?:divisor|factor)|least common "
     r"multiple|logarithms?|quadratic|algebra|geometry|trigonometry|calculus|matri(?:x|ces)|vectors? space|"
-    r"odd numbers?|even numbers?|integer|arithmetic|factorial|permutations?|combinatorics|normali[sz]ation)\b"
+    r"odd numbers?|even numbers?|integer|arithmetic|factorial|permutations?|combinatorics|normali[sz]ation|"
+    r"prove (?:that|the)|irrational numbers?|is irrational|hypotenuse|perimeter|circumference|real numbers|"
+    r"(?:sequence|series) (?:of [\w ]+ )?converges|odds (?:that|of)|how many ways|"
+    r"sum of (?:the )?(?:interior )?angles)\b"
 )
-# The same cues in a few other languages (the labelled set's): numbers alone do not make a math problem.
-_OTHER_CALC = re.compile(
-    r"多少|几个|计算|方程|概率|面积|いくつ|計算|方程式|몇|계산|\b(?:combien|calcule[rz]?|probabilité|aire|vitesse moyenne|"
-    r"cuánt[oa]s|calcula|probabilidad|área|quant[io]|calcola|probabilità|wie viele?|berechne|wahrscheinlichkeit|"
-    r"сколько|вычисли|найдите|производн\w*|вероятност\w*)"
-)
+# Mathematical notions in other languages, each enough on its own: probability, derivative, integral, equation,
+# theorem, prime numbers, an irrational number, hypotenuse, perimeter, limit, the sum of angles, "prove that".
+# A word that also has an everyday sense is bound to its mathematical use ("irrationnel" is also a fear, 极限 an
+# extreme sport, 积分 loyalty points, 证明 a certificate, "całkowicie" completely) or left out (Arabic نظرية
+# "theory", Swedish sats "sentence", Polish granica "border", Korean 무리수 "a rash move").
+_MATH_NOTIONS = {
+    "fr": r"probabilité|dérivée|intégrale|équation|théorème|nombres? premiers|nombre irrationnel|est irrationnel|"
+          r"hypoténuse|périmètre|démontr\w+ que|tend vers (?:l'infini|[+-]?\d|zéro)|somme des angles",
+    "de": r"wahrscheinlichkeit|ableitung|gleichung|primzahl|irrationale zahl|ist irrational|hypotenuse|"
+          r"beweise, dass|beweisen sie|zeige, dass|winkelsumme|grenzwert",
+    "es": r"probabilidad|derivada|ecuaci[oó]n|teorema|números primos|número irracional|es irracional|hipotenusa|"
+          r"perímetro|demuestra que|límite de",
+    "it": r"probabilità|derivata|integrale|equazion|numeri primi|numero irrazionale|è irrazionale|ipotenusa|"
+          r"perimetro|dimostra che",
+    "pt": r"probabilidade|equaç(?:ão|ões)|demonstre que|prove que",
+    "ru": r"вероятност|производн|интеграл|уравнени|теорем|простых чисел|простые числа|иррациональн\w* числ|"
+          r"является иррациональн|гипотенуз|периметр|предел\b|докаж\w+,? что|сумма углов",
+    "uk": r"ймовірн|похідн|інтеграл|рівнянн|теорем|ірраціональн\w* числ|гіпотенуз|доведіть|доведи, що",
+    "ja": r"確率|微分|導関数|積分|方程式|定理|素数|無理数|斜辺|極限|証明せよ|証明しなさい|を証明",
+    "ko": r"확률|미분|도함수|적분|방정식|빗변|극한값|증명하시오|증명하라|[을를] 증명",
+    "zh": r"概率|导数|定积分|不定积分|求积分|方程|质数|素数|无理数|斜边|周长|求极限|的极限|证明[:：]|求证|试证|整除",
+    "nl": r"kansberekening|afgeleide|integraal|vergelijking oplossen|priemgetal|irrationeel getal|is irrationeel|"
+          r"schuine zijde|bewijs dat",
+    "pl": r"prawdopodobieństw|pochodn(?:a|ą|ej) funkcji|całk[aęi]\b|równani|twierdzeni|liczb\w* pierwsz|niewymiern|"
+          r"przeciwprostokątn|udowodnij|suma kątów",
+    "tr": r"olasılı|türev|denklem|asal sayı|irrasyonel sayı|irrasyoneldir|hipotenüs|kanıtla|ispatla",
+    "vi": r"xác suất|đạo hàm|tích phân|phương trình|định lý|số nguyên tố|số vô tỉ|cạnh huyền|chứng minh rằng|"
+          r"hãy chứng minh",
+    "ar": r"مشتقة|معادلة|أعداد أولية|عدد غير نسبي|أثبت أن",
+    "hi": r"प्रायिकता|अवकलज|समाकल|समीकरण|प्रमेय|अभाज्य|सिद्ध कीजिए",
+    "sv": r"sannolikhet|derivata|ekvation|primtal|irrationellt tal|är irrationell|hypotenusa|gränsvärde|bevisa att",
+    "id": r"probabilitas|bilangan prima|bilangan irasional|buktikan",
+    "cs": r"pravděpodobnost|derivac|integrál|rovnic|prvočísl|iracionální číslo|je iracionální|přepon|dokažte",
+    "fa": r"مشتق تابع|انتگرال|معادله|اعداد اول|ثابت کنید",
+}
+_MATH_WORDS_OTHER = re.compile("|".join(_MATH_NOTIONS.values()))
+# A calculation asked for in other languages (calculate, how many / how much, solve, find, average speed...): like
+# English's cues, it needs a number beside it. Nouns such as area, volume or radius are left out: with a number they
+# are as often a fact ("an area of 357,000 km²", "within a 5 km radius"). 求 is "find" in a Chinese problem but also
+# a piece of 请求 / 要求 (request, requirement); Polish "ile" is Turkish "with"; Vietnamese "tính" is also in
+# máy tính (computer) and giới tính (gender): hence the look-arounds.
+_CALC_ASKS = {
+    "zh": r"多少|几个|计算(?!机)|(?<![请要需追寻征祈恳谋诉])求(?![助职婚救学])|面积|体积|平均",
+    "ja": r"いくつ|計算|求めなさい|求めよ|求めて|何個|面積|体積|速さ",
+    "ko": r"몇|계산|구하시오|구하세요|구하라|얼마|넓이|부피|속력|평균",
+    "fr": r"combien|calcul\w*|résou\w*|détermine[rz]?\b|vitesse moyenne",
+    "de": r"wie viele?|wie lange|berechne\w*|bestimme\b|bestimmen sie|löse\b|lösen sie|flächeninhalt|ph-wert",
+    "es": r"cuánt[oa]s?|calcula\w*|(?<!se )\bhalla\b|resuelve|velocidad media",
+    "it": r"quant[oiae]|calcol\w*|risolvi|velocità media",
+    "pt": r"quant[oa]s?\b|resolva|velocidade média|cilindro",
+    "ru uk": r"сколько|вычисли\w*|найди\w*|решите|рассчита\w*|средн\w* скорост|скільки|обчисл\w*|знайд\w*|"
+             r"середн\w* швидкіст",
+    "nl": r"bereken\w*|hoeveel",
+    "pl": r"oblicz\w*|ile (?:wynosi|jest|kosztuj\w*|razy)|\bilu\b",
+    "tr": r"hesapla\w*|\bkaç\b|ne kadar(?:dır|dir| olur| eder|\?)|bulunuz",
+    "vi": r"(?<!máy )(?<!giới )\btính\b(?! cách| năng| chất)|bao nhiêu|diện tích|thể tích|chu vi|vận tốc",
+    "ar": r"احسب|\bف?كم\b|أوجد",
+    "hi": r"गणना|कितन|ज्ञात कीजिए|क्षेत्रफल",
+    "sv": r"beräkna|hur många|hur mycket",
+    "id": r"hitung\w*|berapa|tentukan",
+    "cs": r"vypočít\w*|spočít\w*|kolik",
+    "fa": r"محاسبه|حساب کنید|\bچقدر\b",
+}
+_OTHER_CALC = re.compile("|".join(_CALC_ASKS.values()))
 
 
 # The word patterns above are matched against the lowercased text (3-4x faster than re.IGNORECASE).
@@ -178,7 +247,7 @@ def _has_code(text: str, low: str) -> bool:
 
 
 def _has_math(text: str, low: str) -> bool:
-    if _LATEX.search(text) or _EQUATION.search(text) or _MATH_WORDS.search(low):
+    if _LATEX.search(text) or _EQUATION.search(text) or _MATH_WORDS.search(low) or _MATH_WORDS_OTHER.search(low):
         return True
     return bool(_NUMBER.search(text)) and bool(_CALC_CUE.search(low) or _OTHER_CALC.search(low))
 
