@@ -29,14 +29,14 @@ Domains (:data:`DOMAINS`), decided by the first rule that fires, in this order:
 
 Languages are ISO 639-1 codes from py3langid, a pure-Python port of langid.py that ships its model inside the
 package (nothing is downloaded; it runs offline, ~30 us a prompt), restricted to the 116 languages of its model
-that have a two-letter code. It reads the user's text with code, LaTeX, URLs and e-mail addresses taken out (they
-are not natural language and pull short prompts towards random languages). An ASCII text of which at least a fifth
-of the words are English function words (the, of, and, is, what, how...) is English without asking langid: cheap,
-and exact on such text. Text with fewer than
-:data:`MIN_LETTERS` letters left (a bare code snippet, a number) is ``und`` (ISO 639's "undetermined"). langid is
-unreliable on very short Latin-script text; an ASCII-only text shorter than :data:`SHORT_TEXT` letters whose vote is
-not confident (normalised probability below :data:`MIN_CONFIDENCE`) is read as English, the language such short
-instruction prompts are overwhelmingly written in (measured on the hand-labelled set, tests/prompts/labels.jsonl).
+that have a two-letter code. It reads the user's text with code, LaTeX, URLs, e-mail addresses and quoted error
+messages taken out (they are not natural language and pull short prompts towards random languages). An ASCII text
+of which at least a fifth of the words are English function words (the, of, and, is, what, how...) is English
+without asking langid: cheap, and exact on such text. Text with fewer than :data:`MIN_LETTERS` letters left (a
+bare code snippet, a number) is ``und`` (ISO 639's "undetermined"). langid is unreliable on very short Latin-script
+text; an ASCII-only text shorter than :data:`SHORT_TEXT` letters whose vote is not confident (normalised
+probability below :data:`MIN_CONFIDENCE`) is read as English, the language such short instruction prompts are
+overwhelmingly written in (measured on the hand-labelled set, tests/prompts/labels.jsonl).
 
 Agreement with hand labels is measured by tests/prompts/test_classify.py on the labelled set (docs/prompts.md).
 """
@@ -265,7 +265,13 @@ def domain_of(user_text: str, tools_offered: bool) -> str:
 
 
 # --- language -------------------------------------------------------------------------------------------------
-_NOT_LANGUAGE = re.compile(r"```.*?(?:```|$)|`[^`\n]*`|\$[^$\n]*\$|https?://\S+|\S+@\S+\.\w+|\\[a-z]+", re.DOTALL)
+# Code, LaTeX, URLs, e-mail addresses and a quoted error message ("ReferenceError: $ is not defined": the program's
+# English, not the user's language) are not the prompt's natural language.
+_NOT_LANGUAGE = re.compile(
+    r"```.*?(?:```|$)|`[^`\n]*`|\$[^$\n]*\$|https?://\S+|\S+@\S+\.\w+|\\[a-z]+|"
+    r"(?:\b[A-Z][a-z]+ )?\b[A-Z]\w*(?:Error|Exception)\b[^\n\"«»“”„」]*",  # "Uncaught ReferenceError: ..."
+    re.DOTALL,
+)
 _LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
 
 
