@@ -1,6 +1,6 @@
 """Domain and language labels against two hand-labelled sets of prompts in the real schemas of the seven sources.
 
-- **dev** (tests/prompts/labels.jsonl, 335 rows): the set the rules were tuned on, so its agreement is an in-sample
+- **dev** (tests/prompts/labels.jsonl, 479 rows): the set the rules were tuned on, so its agreement is an in-sample
   figure. Rules may be tuned on this set only.
 - **held-out** (tests/prompts/labels_heldout.jsonl, 247 rows, all ``set: written``): written blind (from the sources'
   descriptions, before its author read the classifier, its docs or this test) and committed alone, never used to
