@@ -29,13 +29,11 @@ from draftline.core.errors import Refusal
 from draftline.core.files import atomic_path
 from draftline.drafter.modeling_dflash import DFLASH, DFLASH2, FULL, SLIDING, DFlashModules, dflash_value, is_dflash2
 
-ARCHITECTURE = DFLASH
 ARCHITECTURES = {"dflash": DFLASH, "dflash2": DFLASH2}
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# The self-contained modeling file copied into every checkpoint, and how transformers finds its class there.
+# The self-contained modeling file copied into every checkpoint (config.json's auto_map names its class there).
 MODELING_FILE = "modeling_dflash.py"
-AUTO_MAP = {"AutoModel": f"{MODELING_FILE.removesuffix('.py')}.{ARCHITECTURE}"}
 # DFlash 2's fields of dflash_config (z-lab's layout, e.g. SpecForge's configs/qwen3.6-27b-dflash2.json).
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
