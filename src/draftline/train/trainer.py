@@ -48,7 +48,6 @@ from draftline.drafter.model import (
     DrafterMismatch,
     build_target_layer_ids,
     make_config,
-    warm_start,
 )
 from draftline.train.data import Batch, BatchPlan, collate, pack_rows, pack_shapes
 from draftline.train.features import FeatureCache, cache_bytes
@@ -56,6 +55,7 @@ from draftline.train.memory import GB, Preflight, Shapes, preflight
 from draftline.train.objective import dflash_loss, pack_features
 from draftline.train.params import NOT_IN_KEY, TrainParams
 from draftline.train.state import load_latest, save_state, state_key
+from draftline.train.warm_start import warm_start
 
 if TYPE_CHECKING:
     from draftline.train.stage import TrainArgs
