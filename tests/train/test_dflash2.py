@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from draftline.core.params import ParamsError
-from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config
+from draftline.drafter.config import build_target_layer_ids, make_config
+from draftline.drafter.model import DFlashDrafter
 from draftline.train.data import collate
 from draftline.train.objective import dflash_loss, pack_features
 from draftline.train.params import TrainParams

@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from draftline.drafter.model import DFlashDrafter, DrafterMismatch, make_config, target_features
+from draftline.drafter.config import DrafterMismatch, make_config
+from draftline.drafter.model import DFlashDrafter, target_features
 from draftline.train.warm_start import warm_start
 
 COMMON = dict(num_layers=2, block_size=6, mask_token_id=S.MASK_ID, lineage=S.lineage(), target_layer_ids=[1, 3])

@@ -42,13 +42,9 @@ from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target
 from draftline.core.threads import torch_threads
-from draftline.drafter.model import (
-    CONFIG_FILE,
-    DFlashDrafter,
-    DrafterMismatch,
-    build_target_layer_ids,
-    make_config,
-)
+from draftline.drafter.checkpoint import CONFIG_FILE
+from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, make_config
+from draftline.drafter.model import DFlashDrafter
 from draftline.train.data import Batch, BatchPlan, collate, pack_rows, pack_shapes
 from draftline.train.features import FeatureCache, cache_bytes
 from draftline.train.memory import GB, Preflight, Shapes, preflight

@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from draftline.drafter.model import DFlashDrafter, DrafterMismatch, lineage_of, read_config, read_weights
+from draftline.drafter.checkpoint import read_config, read_weights
+from draftline.drafter.config import DrafterMismatch, lineage_of
+from draftline.drafter.model import DFlashDrafter
 from draftline.drafter.modeling_dflash import dflash_value, is_dflash2
 
 # Parts a DFlash 2 drafter has and a DFlash 1 drafter lacks: a warm start leaves them at their identity / zero start.
