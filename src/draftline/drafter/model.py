@@ -165,7 +165,8 @@ class DFlashDrafter(DFlashModules):
         0): each position's best selector score, and ``probs`` the softmax of the scores (diagnostics). Sampled:
         each position is drawn from ``probs`` = softmax(scores / temperature), given the token drawn before it, so
         ``probs[:, k]`` is the proposal q of position k in the rejection step (zero outside ``candidates``).
-        A DFlash 1 drafter has no selector: refused."""
+        A DFlash 1 drafter has no selector: refused. The one way into the selector's walk (training scores its
+        candidates teacher-forced, :func:`draftline.train.objective.selector_loss`)."""
         if self.candidate_selector is None:
             raise DrafterMismatch("select() needs a DFlash 2 drafter (a candidate selector); this one is DFlash 1")
         return self.candidate_selector.select(block.hidden, block.logits, verified_token, temperature, generator)
