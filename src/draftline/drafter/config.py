@@ -78,34 +78,11 @@ def make_config(
     written as Qwen3 configs need it (``use_sliding_window``, ``max_window_layers``, and ``layer_types`` spelt out)."""
     text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     n_target = int(text.num_hidden_layers)
-    bad = [i for i in target_layer_ids if not 0 <= i < n_target]
-    if bad:
-        raise DrafterMismatch(f"target_layer_ids {bad} are outside the target's {n_target} layers")
-    if n_target - 1 in target_layer_ids:
-        # transformers reports the last layer's output after the final norm (hidden_states[L] is normed), and
-        # servers capture raw layer outputs: the drafter would be served other features than it trained on.
-        raise DrafterMismatch(
-            f"target_layer_ids may not include the last layer ({n_target - 1}): use layers up to {n_target - 2}"
-        )
+    _check_target_layers(target_layer_ids, n_target)
     shared = {k: getattr(text, k) for k in _SHARED_FIELDS if getattr(text, k, None) is not None}
     shared.setdefault("head_dim", text.hidden_size // text.num_attention_heads)
-    dflash_config: dict[str, Any] = {"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)}
-    if architecture == "dflash2":
-        missing = [k for k in DFLASH2_FIELDS if k not in (dflash2 or {})]
-        if missing:
-            raise DrafterMismatch(f"a DFlash 2 drafter needs {missing}")
-        dflash_config = {"block_size": int(block_size), **{k: int(dflash2[k]) for k in DFLASH2_FIELDS}, **dflash_config}
-    elif architecture != "dflash":
-        raise DrafterMismatch(f"unknown drafter architecture {architecture!r}: dflash or dflash2")
-    window: dict[str, Any] = {}
-    if sliding_window is not None:
-        first = num_layers if max_window_layers is None else int(max_window_layers)
-        window = {
-            "use_sliding_window": True,
-            "sliding_window": int(sliding_window),
-            "max_window_layers": first,
-            "layer_types": [SLIDING if i >= first else FULL for i in range(num_layers)],
-        }
+    dflash_config = _dflash_config(architecture, block_size, mask_token_id, target_layer_ids, dflash2)
+    window = _window(num_layers, sliding_window, max_window_layers)
     return Qwen3Config(
         **shared,
         **window,
@@ -118,6 +95,48 @@ def make_config(
         use_cache=False,
         draftline=dict(lineage),
     )
+
+
+def _check_target_layers(target_layer_ids: list[int], n_target: int) -> None:
+    """Refuse target layers outside the target's ``n_target`` layers, or its last layer."""
+    bad = [i for i in target_layer_ids if not 0 <= i < n_target]
+    if bad:
+        raise DrafterMismatch(f"target_layer_ids {bad} are outside the target's {n_target} layers")
+    if n_target - 1 in target_layer_ids:
+        # transformers reports the last layer's output after the final norm (hidden_states[L] is normed), and
+        # servers capture raw layer outputs: the drafter would be served other features than it trained on.
+        raise DrafterMismatch(
+            f"target_layer_ids may not include the last layer ({n_target - 1}): use layers up to {n_target - 2}"
+        )
+
+
+def _dflash_config(
+    architecture: str, block_size: int, mask_token_id: int, target_layer_ids: list[int], dflash2: dict[str, int] | None
+) -> dict[str, Any]:
+    """``dflash_config`` in z-lab's layout: the target layers and the mask token, and for DFlash 2 its sizes and the
+    block size."""
+    dflash_config: dict[str, Any] = {"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)}
+    if architecture == "dflash2":
+        missing = [k for k in DFLASH2_FIELDS if k not in (dflash2 or {})]
+        if missing:
+            raise DrafterMismatch(f"a DFlash 2 drafter needs {missing}")
+        dflash_config = {"block_size": int(block_size), **{k: int(dflash2[k]) for k in DFLASH2_FIELDS}, **dflash_config}
+    elif architecture != "dflash":
+        raise DrafterMismatch(f"unknown drafter architecture {architecture!r}: dflash or dflash2")
+    return dflash_config
+
+
+def _window(num_layers: int, sliding_window: int | None, max_window_layers: int | None) -> dict[str, Any]:
+    """The sliding-window fields as Qwen3 configs need them (none without ``sliding_window``)."""
+    if sliding_window is None:
+        return {}
+    first = num_layers if max_window_layers is None else int(max_window_layers)
+    return {
+        "use_sliding_window": True,
+        "sliding_window": int(sliding_window),
+        "max_window_layers": first,
+        "layer_types": [SLIDING if i >= first else FULL for i in range(num_layers)],
+    }
 
 
 def lineage_of(config: Any) -> dict[str, Any]:
