@@ -4,12 +4,14 @@ Not the embedded default (its target takes most of a `dvc repro`): a 6-layer Qwe
 64) taught a counting language for a few hundred steps writes its own greedy continuations of prompts of that
 language, as the generate stage has the target write the training answers; the train stage (the stage runner's
 ``execute``, params.yaml's train section with the sizes below) trains on them; held-out prompts are decoded
-by the evaluate stage's loop (``speculative_generate``), the drafts being the logits' argmax (unary path) or, for
-DFlash 2, the candidate selector's path. Reported per drafter: tau (tokens per target forward), greedy and sampled
-(the evaluate stage's ``sampled`` setting: temperature 1, top-p 0.95, top-k 20, verified by rejection sampling; the
-selector's path drawn from its K-way probabilities at the same temperature, which the rejection step divides by),
-and for DFlash 2 the top-K oracle acceptance (drafts accepted per step, bonus token excluded, had every position
-drafted its gold token whenever that token is among its top-K candidates, on the selector run's own steps: the
+by the evaluate stage's loop and proposer (``speculative_generate``, ``DFlashProposer``), the drafts being the logits'
+argmax (unary path: a DFlash 2 drafter with its selector set aside) or, for DFlash 2, the candidate selector's path.
+Reported per drafter, as the evaluate stage reports them (``draftline.evaluate.report``): tau (tokens per
+verification step, the prefill's token in neither), greedy and sampled (the evaluate stage's ``sampled`` setting:
+temperature 1, top-p 0.95, top-k 20, verified by rejection sampling; the selector's path drawn from its K-way
+probabilities at the same temperature, which the rejection step divides by), and for DFlash 2 through its selector
+the top-K oracle (``tau_top_k_oracle``: tokens per step, the target's own included, had every position drafted its
+gold token whenever that token is among its top-K candidates, on the greedy run's own steps: the
 selector's ceiling). (a) DFlash 1, (b) DFlash 2 from scratch, the same steps; (c) (a) trained ``--more`` steps
 further as DFlash 1, and DFlash 2 warm-started from (a) for the same steps.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import replace
@@ -128,73 +131,42 @@ def train(root: Path, out: str, **overrides) -> dict:
     return execute("train", run_train, p, args).details
 
 
-class Recorder:
-    """The evaluate stage's DFlash proposer, drafting the argmax or the selector path, keeping each step's start and
-    top-K candidates for the oracle."""
-
-    def __init__(self, drafter, selector: bool):
-        self.drafter, self.selector = drafter, selector
-        self.block_size = drafter.block_size
-        self.target_layer_ids = tuple(drafter.target_layer_ids)
-        self.reset()
-
-    def reset(self):
-        self.cache, self.steps = self.drafter.new_cache(), []
-
-    def propose(self, ctx):
-        from draftline.drafter.decoding import Draft, draw
-
-        last = ctx.tokens[-1:]
-        block = self.drafter.draft(ctx.hidden[None, len(ctx.hidden) - ctx.new:], last, self.cache)
-        if not ctx.sampling.greedy:  # drafts drawn; the rejection step divides by the distribution they came from
-            if self.selector and self.drafter.candidate_selector is not None:
-                path, candidates, probs = self.drafter.select(block, last, ctx.sampling.temperature, ctx.generator)
-                return Draft(path[0], probs[0], candidates[0])
-            probs = ctx.sampling.probs(block.logits[0])
-            return Draft(draw(probs, ctx.generator), probs)
-        if self.drafter.candidate_selector is None:
-            self.steps.append((len(ctx.tokens), None))
-            return block.logits[0].argmax(-1)
-        path, candidates, _ = self.drafter.select(block, last)
-        self.steps.append((len(ctx.tokens), candidates[0]))
-        return path[0] if self.selector else block.logits[0].argmax(-1)
-
-
 SAMPLED = dict(temperature=1.0, top_p=0.95, top_k=20)  # the evaluate stage's `sampled` setting (z-lab's cards')
 
 
 def evaluate(root: Path, target, name: str, prompts: torch.Tensor, selector: bool) -> dict:
-    from draftline.drafter.decoding import Sampling, speculative_generate
+    """The evaluate stage's figures of the drafter ``root/ckpt/name`` on ``prompts``: tau greedy and sampled and, for
+    a DFlash 2 drafter through its selector, the top-K oracle. ``selector`` False sets a DFlash 2 drafter's selector
+    aside: the evaluate stage's proposer then drafts its logits, as it does a DFlash 1 drafter's (the unary path)."""
+    from draftline.drafter.decoding import GREEDY, DFlashProposer, Sampling
     from draftline.drafter.model import DFlashDrafter
+    from draftline.evaluate.report import figures, selector_figures
 
     drafter = DFlashDrafter.from_pretrained(root / "ckpt" / name, target)
-    rec = Recorder(drafter, selector)
-    produced = forwards = oracle_accepted = oracle_steps = 0
-    for p in prompts.tolist():
-        gen = speculative_generate(target, rec, p, REPLY)
-        produced += len(gen.tokens)
-        forwards += gen.steps + 1
-        full = p + gen.tokens
-        for start, candidates in rec.steps:
-            if candidates is None:
-                continue
-            gold = full[start:start + drafter.block_size - 1]
-            k = 0
-            while k < len(gold) and gold[k] in candidates[k].tolist():
-                k += 1
-            oracle_accepted += k
-            oracle_steps += 1
-    out = {"tau": round(produced / forwards, 3)}
-    if oracle_steps:
-        out["oracle_topk_accept"] = round(oracle_accepted / oracle_steps, 3)
-    sampling = Sampling(**SAMPLED)
-    produced = forwards = 0
-    for i, p in enumerate(prompts.tolist()):
-        gen = speculative_generate(target, rec, p, REPLY, sampling=sampling, seed=i)
-        produced += len(gen.tokens)
-        forwards += gen.steps + 1
-    out["tau_sampled"] = round(produced / forwards, 3)
+    if not selector:
+        drafter.candidate_selector = None
+    proposer = DFlashProposer(drafter)
+    greedy, sampled = (decode(target, proposer, prompts, s) for s in (GREEDY, Sampling(**SAMPLED)))
+    out = {"tau": figures(greedy)["tau"], "tau_sampled": figures(sampled)["tau"]}
+    oracle = selector_figures(greedy)
+    if oracle:
+        out["oracle_top_k"] = oracle["tau_top_k_oracle"]
     return out
+
+
+def decode(target, proposer, prompts: torch.Tensor, sampling) -> list:
+    """Each prompt decoded for REPLY tokens as the evaluate stage decodes a turn (the prompt's index its seed), with
+    the selector's counts of a greedy turn where the proposer keeps its steps (DFlash 2 through its selector)."""
+    from draftline.drafter.decoding import speculative_generate
+    from draftline.evaluate.report import TurnResult, selector_counts
+
+    setting = "greedy" if sampling.greedy else "sampled"
+    results = []
+    for i, p in enumerate(prompts.tolist()):
+        gen = speculative_generate(target, proposer, p, REPLY, sampling=sampling, seed=i)
+        counts = selector_counts(proposer.steps, p + gen.tokens) if sampling.greedy and proposer.steps else None
+        results.append(TurnResult(setting, "held_out", "toy", str(i), 0, len(p), gen, None, counts))
+    return results
 
 
 def run(seed: int, steps: int, more: int, rows: int, evals: int) -> dict:
@@ -216,7 +188,8 @@ def run(seed: int, steps: int, more: int, rows: int, evals: int) -> dict:
         train(root, "b_dflash2", architecture="dflash2", max_steps=steps)
         table["b: dflash2 scratch (unary)"] = evaluate(root, target, "b_dflash2", held_out, False)
         table["b: dflash2 scratch (selector)"] = evaluate(root, target, "b_dflash2", held_out, True)
-        start = str(root / "ckpt" / "a_dflash")
+        # train.init_from is refused outside data/drafters (where DVC tracks it), so (a) is started from a copy there.
+        start = str(shutil.copytree(root / "ckpt" / "a_dflash", root / "data" / "drafters" / "a_dflash"))
         train(root, "c_dflash_more", architecture="dflash", max_steps=more, init_from=start)
         table[f"c: dflash +{more}"] = evaluate(root, target, "c_dflash_more", held_out, False)
         train(root, "c_dflash2_warm", architecture="dflash2", max_steps=more, init_from=start)

@@ -34,13 +34,12 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 import argparse  # noqa: E402
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from collections import Counter
-from contextlib import contextmanager
 from typing import Any
 
+from busy import beside
 from project_clone import make_project, run
 
 STAGES = ("sources", "conversations", "target", "prompts", "generate", "tokenize", "merge", "train", "evaluate")
@@ -74,21 +73,6 @@ def completion_rates(root: Path) -> dict[str, dict[str, float]]:
             # Truncated replies are not in the completions: they count as tool prompts answered without a call.
             out[source]["tool_calls"] = called[source] / (offered[source] + m["truncated"])
     return out
-
-
-@contextmanager
-def beside(load: str):
-    """A busy process in a session of its own (``busy``), the same under ``nice -n 19`` (``niced``), or none."""
-    if load == "none":
-        yield
-        return
-    cmd = ["setsid", *(["nice", "-n", "19"] if load == "niced" else []), sys.executable, "-c", "while True: pass"]
-    spinner = subprocess.Popen(cmd)
-    try:
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 def measure(seed: int, keep: Path | None, load: str, until: str | None) -> dict[str, Any]:

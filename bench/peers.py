@@ -314,7 +314,7 @@ LINEAGE_KEYS = ("chat_template_sha256", "enable_thinking", "mask_token_id", "tok
 
 def read_settings(root: Path, max_steps: int | None = None) -> Settings:
     """The clone's train section (``max_steps``: instead of its own, a smoke test) and the export's shape."""
-    from draftline.drafter.model import build_target_layer_ids
+    from draftline.drafter.config import build_target_layer_ids
 
     t = yaml.safe_load((root / "params.yaml").read_text())["train"]
     t["max_steps"] = max_steps or t["max_steps"]
@@ -611,7 +611,7 @@ def drafter_config(root: Path, s: Settings, arch: str):
     ``dflash_config``, the export's lineage)."""
     from transformers import AutoConfig
 
-    from draftline.drafter.model import make_config
+    from draftline.drafter.config import make_config
 
     window = {} if s.sliding_window is None else {"sliding_window": s.sliding_window,
                                                   "max_window_layers": s.max_window_layers}
@@ -623,7 +623,7 @@ def drafter_config(root: Path, s: Settings, arch: str):
 
 def zlab_config(root: Path, s: Settings, arch: str) -> dict[str, Any]:
     """config.json of a drafter in z-lab's layout, as draftline's train stage writes it."""
-    from draftline.drafter.model import checkpoint_config
+    from draftline.drafter.checkpoint import checkpoint_config
 
     return checkpoint_config(drafter_config(root, s, arch), torch.float32)
 

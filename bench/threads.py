@@ -36,8 +36,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
+
+from busy import beside
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
@@ -107,21 +108,6 @@ def environment(policy: str) -> dict[str, str]:
     elif policy != "draftline":
         raise SystemExit(f"unknown policy {policy!r}: draftline, active or spin:<N>")
     return env
-
-
-@contextmanager
-def beside(load: str):
-    """One ``while True`` process in a session of its own (``busy``), or the same under ``nice -n 19``."""
-    if load == "quiet":
-        yield
-        return
-    cmd = ["setsid", *(["nice", "-n", "19"] if load == "niced" else []), sys.executable, "-c", "while True: pass"]
-    spinner = subprocess.Popen(cmd)
-    try:
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 def measure(stage: str, policy: str, load: str, steps: int, prompts: int) -> float:

@@ -12,7 +12,9 @@ from drafter_support import lineage
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from draftline.drafter.model import MODELING_FILE, DFlashDrafter, make_config, target_features
+from draftline.drafter.checkpoint import MODELING_FILE
+from draftline.drafter.config import make_config
+from draftline.drafter.model import DFlashDrafter, target_features
 
 ROPE_THETA = 1_000_000.0
 BLOCK = 4

@@ -210,8 +210,9 @@ def test_bad_proposals_are_refused(target, prompts):
 
 
 def test_untrained_dflash_drafter_is_lossless(target, prompts, tmp_path):
+    from draftline.drafter.config import make_config
     from draftline.drafter.decoding import DFlashProposer
-    from draftline.drafter.model import DFlashDrafter, make_config
+    from draftline.drafter.model import DFlashDrafter
 
     torch.manual_seed(3)
     cfg = make_config(target.config, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, target_layer_ids=[0, 1], lineage=lineage())

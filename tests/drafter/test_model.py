@@ -10,7 +10,8 @@ from drafter_support import lineage
 from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from draftline.drafter.model import DFlashDrafter, build_target_layer_ids, make_config, target_features
+from draftline.drafter.config import build_target_layer_ids, make_config
+from draftline.drafter.model import DFlashDrafter, target_features
 
 
 @pytest.fixture(scope="module")

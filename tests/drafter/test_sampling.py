@@ -153,7 +153,8 @@ def dflash2_drafter(target):
     far from uniform and from the target's (a fresh selector walks the unary path)."""
     from drafter_support import lineage
 
-    from draftline.drafter.model import DFlashDrafter, make_config
+    from draftline.drafter.config import make_config
+    from draftline.drafter.model import DFlashDrafter
 
     torch.manual_seed(1)
     cfg = make_config(target.config, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, target_layer_ids=[0],

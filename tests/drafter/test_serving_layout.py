@@ -26,7 +26,8 @@ from drafter_support import lineage
 from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from draftline.drafter.model import DFlashDrafter, make_config
+from draftline.drafter.config import make_config
+from draftline.drafter.model import DFlashDrafter
 
 STACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}

@@ -13,7 +13,8 @@ import torch
 from drafter_support import lineage, zlab_dflash
 from transformers import AutoModel, Qwen3Config, Qwen3ForCausalLM
 
-from draftline.drafter.model import DFlashDrafter, make_config, target_features
+from draftline.drafter.config import make_config
+from draftline.drafter.model import DFlashDrafter, target_features
 
 zlab = zlab_dflash()
 

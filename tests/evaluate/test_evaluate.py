@@ -22,8 +22,9 @@ from draftline.core.records import Conversation, PromptRecord, read_prompts
 from draftline.core.runner import execute, run_file
 from draftline.core.skips import Skips
 from draftline.core.target import load_target
+from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, make_config
 from draftline.drafter.decoding import Generation
-from draftline.drafter.model import DFlashDrafter, DrafterMismatch, build_target_layer_ids, make_config
+from draftline.drafter.model import DFlashDrafter
 from draftline.evaluate.params import EvalParams, IntervalParams
 from draftline.evaluate.report import TurnResult, acceptance_by_position, headline, summarize_setting
 from draftline.evaluate.requests import heldout_requests

@@ -12,7 +12,8 @@ import torch
 
 from draftline.core.params import ParamsError
 from draftline.core.target import load_model, load_target
-from draftline.drafter.model import DFlashDrafter, make_config
+from draftline.drafter.config import make_config
+from draftline.drafter.model import DFlashDrafter
 from draftline.train.anchors import anchor_candidates, sample_anchors
 from draftline.train.data import collate
 from draftline.train.masks import block_mask, row_masks

@@ -1,168 +1,30 @@
-"""draftline's side of the drafter: the config it is built from, the target it borrows, decoding, and checkpoints.
+"""draftline's drafter module: the target it borrows, decoding one block at a time, and its checkpoint methods.
 
 What makes it DFlash (z-lab, "Block Diffusion for Flash Speculative Decoding") and DFlash 2 is written once, in
 :mod:`draftline.drafter.modeling_dflash`, the self-contained file every checkpoint carries (with ``auto_map``); the
-:class:`DFlashDrafter` here *is* those modules (the same forward), and adds what training and decoding here need:
+:class:`DFlashDrafter` here *is* those modules (the same forward), built from a config of
+:mod:`draftline.drafter.config`, and adds what training and decoding here need:
 
 * the embedding and the lm_head are the target's own, frozen: they are borrowed (:class:`SharedTarget`), never
-  saved, so a checkpoint holds only the drafter's weights under z-lab's names, which SGLang, vLLM and z-lab's
-  ``dflash`` load as ``DFlashDraftModel`` / ``DFlash2DraftModel`` (``architectures`` chooses);
+  saved, so a checkpoint (:mod:`draftline.drafter.checkpoint`) holds only the drafter's weights;
 * :meth:`DFlashDrafter.draft` drafts one block after the accepted prefix with a :class:`DraftCache` of the context's
-  keys and values, and :meth:`DFlashDrafter.select` walks a DFlash 2 drafter's candidate selector;
-* a checkpoint's weights are in the target's dtype; its config.json has what transformers 4.5x and 5.x both read.
+  keys and values, and :meth:`DFlashDrafter.select` walks a DFlash 2 drafter's candidate selector.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, Qwen3Config
 
-from draftline.core.errors import Refusal
-from draftline.core.files import atomic_path
-from draftline.drafter.modeling_dflash import DFLASH, DFLASH2, FULL, SLIDING, DFlashModules, dflash_value, is_dflash2
+from draftline.drafter.checkpoint import read_config, read_weights, write_checkpoint
 
-ARCHITECTURE = DFLASH
-ARCHITECTURES = {"dflash": DFLASH, "dflash2": DFLASH2}
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-# The self-contained modeling file copied into every checkpoint, and how transformers finds its class there.
-MODELING_FILE = "modeling_dflash.py"
-AUTO_MAP = {"AutoModel": f"{MODELING_FILE.removesuffix('.py')}.{ARCHITECTURE}"}
-# DFlash 2's fields of dflash_config (z-lab's layout, e.g. SpecForge's configs/qwen3.6-27b-dflash2.json).
-DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-
-# Fields of the target's (text) config the drafter must share: the embedding and lm_head are the target's,
-# so the hidden size and vocabulary must match; the rest keeps the drafter a Qwen3 that servers can build.
-_SHARED_FIELDS = (
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "rms_norm_eps",
-    "vocab_size",
-    "max_position_embeddings",
-    "hidden_act",
-    "rope_parameters",
-)
-
-# PretrainedConfig bookkeeping that means nothing for a drafter; left out of config.json to keep it readable.
-_GENERIC_CONFIG_KEYS = {
-    "_name_or_path", "id2label", "label2id", "chunk_size_feed_forward", "output_attentions",
-    "output_hidden_states", "problem_type", "return_dict", "is_encoder_decoder",
-}
-
-
-class DrafterMismatch(Refusal, ValueError):
-    """A drafter that does not fit its target (layers, hidden size) or was not made by the train stage (no lineage,
-    another architecture): the message says what to retrain or change."""
-
-
-def build_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
-    """``count`` target layers spread evenly from layer 1 to layer L-3, as z-lab picks them.
-
-    The last layers are left out because they are specialised to the target's own next token; the middle
-    ones carry what the following tokens depend on. One layer: the middle one.
-    """
-    if count < 1:
-        raise DrafterMismatch(f"need at least one target layer, got {count}")
-    if count == 1:
-        return [num_target_layers // 2]
-    start, end = 1, max(1, num_target_layers - 3)
-    ids = sorted({int(round(start + i * (end - start) / (count - 1))) for i in range(count)})
-    return ids
-
-
-def make_config(
-    target_config: Any,
-    *,
-    num_layers: int,
-    block_size: int,
-    mask_token_id: int,
-    target_layer_ids: list[int],
-    lineage: dict[str, Any],
-    architecture: str = "dflash",
-    dflash2: dict[str, int] | None = None,
-    sliding_window: int | None = None,
-    max_window_layers: int | None = None,
-) -> Qwen3Config:
-    """The drafter's config: the target's shapes, ``num_layers`` layers, the DFlash fields in z-lab's layout, and
-    ``lineage`` (what its training data was made with, under ``draftline``: see :func:`lineage_of`).
-
-    ``architecture`` ``dflash2`` adds ``dflash2``'s fields (:data:`DFLASH2_FIELDS`) and ``block_size`` to
-    ``dflash_config``. ``sliding_window`` (tokens) makes layers ``max_window_layers`` and up sliding-window layers,
-    written as Qwen3 configs need it (``use_sliding_window``, ``max_window_layers``, and ``layer_types`` spelt out)."""
-    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-    n_target = int(text.num_hidden_layers)
-    bad = [i for i in target_layer_ids if not 0 <= i < n_target]
-    if bad:
-        raise DrafterMismatch(f"target_layer_ids {bad} are outside the target's {n_target} layers")
-    if n_target - 1 in target_layer_ids:
-        # transformers reports the last layer's output after the final norm (hidden_states[L] is normed), and
-        # servers capture raw layer outputs: the drafter would be served other features than it trained on.
-        raise DrafterMismatch(
-            f"target_layer_ids may not include the last layer ({n_target - 1}): use layers up to {n_target - 2}"
-        )
-    shared = {k: getattr(text, k) for k in _SHARED_FIELDS if getattr(text, k, None) is not None}
-    shared.setdefault("head_dim", text.hidden_size // text.num_attention_heads)
-    dflash_config: dict[str, Any] = {"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)}
-    if architecture == "dflash2":
-        missing = [k for k in DFLASH2_FIELDS if k not in (dflash2 or {})]
-        if missing:
-            raise DrafterMismatch(f"a DFlash 2 drafter needs {missing}")
-        dflash_config = {"block_size": int(block_size), **{k: int(dflash2[k]) for k in DFLASH2_FIELDS},
-                         **dflash_config}
-    elif architecture != "dflash":
-        raise DrafterMismatch(f"unknown drafter architecture {architecture!r}: dflash or dflash2")
-    window: dict[str, Any] = {}
-    if sliding_window is not None:
-        first = num_layers if max_window_layers is None else int(max_window_layers)
-        window = {"use_sliding_window": True, "sliding_window": int(sliding_window), "max_window_layers": first,
-                  "layer_types": [SLIDING if i >= first else FULL for i in range(num_layers)]}
-    return Qwen3Config(
-        **shared,
-        **window,
-        num_hidden_layers=num_layers,
-        architectures=[ARCHITECTURES[architecture]],
-        block_size=block_size,
-        num_target_layers=n_target,
-        dflash_config=dflash_config,
-        tie_word_embeddings=False,
-        use_cache=False,
-        draftline=dict(lineage),
-    )
-
-
-def lineage_of(config: Any) -> dict[str, Any]:
-    """The training data's lineage a checkpoint records (tokenizer fingerprint, chat template, thinking mode,
-    mask token); a checkpoint without one is refused, since nothing then says which target it fits."""
-    lineage = getattr(config, "draftline", None)
-    if not isinstance(lineage, dict) or "tokenizer_fingerprint" not in lineage:
-        raise DrafterMismatch("the drafter's config.json has no `draftline` lineage (tokenizer fingerprint, thinking "
-                         "mode): it was not trained by draftline's train stage; retrain it")
-    return lineage
-
-
-def checkpoint_config(config: Qwen3Config, dtype: torch.dtype) -> dict[str, Any]:
-    """``config.json`` as every reader needs it: transformers 5 reads ``rope_parameters`` and ``dtype``; 4.5x
-    (z-lab pins 4.57.1) reads top-level ``rope_theta`` / ``rope_scaling`` and ``torch_dtype``, and without them
-    silently takes rope_theta 10000; ``auto_map`` points ``AutoModel`` (trust_remote_code) at the modeling file."""
-    out = {k: v for k, v in config.to_dict().items() if k not in _GENERIC_CONFIG_KEYS}
-    out["dtype"] = out["torch_dtype"] = str(dtype).removeprefix("torch.")
-    rope = dict(out.get("rope_parameters") or {})
-    out["rope_theta"] = rope.get("rope_theta", getattr(config, "rope_theta", None))
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-    out["rope_scaling"] = scaling if scaling.get("rope_type", "default") != "default" else None
-    out["auto_map"] = {"AutoModel": f"{MODELING_FILE.removesuffix('.py')}.{out['architectures'][0]}"}
-    return out
+# lineage_of is not used here: the evaluate stage imports it from this module (src/draftline/evaluate/stage.py).
+from draftline.drafter.config import DrafterMismatch, lineage_of  # noqa: F401
+from draftline.drafter.modeling_dflash import DFlashModules, is_dflash2
 
 
 @dataclass
@@ -186,7 +48,7 @@ def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int
 
     ``hidden_states`` is what ``output_hidden_states=True`` returns: index 0 is the embedding output, so
     layer ``i``'s output is at ``i + 1``, for every layer but the last (its entry is after the final norm,
-    which is why :func:`make_config` refuses it).
+    which is why :func:`draftline.drafter.config.make_config` refuses it).
     """
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
@@ -303,7 +165,8 @@ class DFlashDrafter(DFlashModules):
         0): each position's best selector score, and ``probs`` the softmax of the scores (diagnostics). Sampled:
         each position is drawn from ``probs`` = softmax(scores / temperature), given the token drawn before it, so
         ``probs[:, k]`` is the proposal q of position k in the rejection step (zero outside ``candidates``).
-        A DFlash 1 drafter has no selector: refused."""
+        A DFlash 1 drafter has no selector: refused. The one way into the selector's walk (training scores its
+        candidates teacher-forced, :func:`draftline.train.objective.selector_loss`)."""
         if self.candidate_selector is None:
             raise DrafterMismatch("select() needs a DFlash 2 drafter (a candidate selector); this one is DFlash 1")
         return self.candidate_selector.select(block.hidden, block.logits, verified_token, temperature, generator)
@@ -311,16 +174,9 @@ class DFlashDrafter(DFlashModules):
     # -- the z-lab checkpoint layout ------------------------------------------------------------------
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
-        """Write ``config.json`` + ``model.safetensors`` (drafter weights only, in ``dtype``: the target's) and the
-        modeling file, atomically as one folder."""
-        dtype = dtype or self.fc.weight.dtype
-        with atomic_path(path, "the drafter checkpoint") as tmp:
-            tmp.mkdir(parents=True)
-            config = checkpoint_config(self.config, dtype)
-            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in self.state_dict().items()}
-            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-            shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
+        """Write the checkpoint folder (:func:`draftline.drafter.checkpoint.write_checkpoint`), weights in ``dtype``
+        (the target's; by default the drafter's own)."""
+        write_checkpoint(path, self.config, self.state_dict(), dtype or self.fc.weight.dtype)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: nn.Module | None = None) -> "DFlashDrafter":
@@ -332,83 +188,3 @@ class DFlashDrafter(DFlashModules):
             model.bind(target)
             model.to(target.get_input_embeddings().weight.device)
         return model.eval()
-
-
-def read_config(path: str | Path) -> Qwen3Config:
-    """A drafter checkpoint's config (draftline's or z-lab's layout: ``architectures`` names DFlash 1 or 2)."""
-    path = Path(path)
-    raw = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
-    if not set(ARCHITECTURES.values()) & set(raw.get("architectures") or []):
-        raise DrafterMismatch(f"{path / CONFIG_FILE} is not a {' or '.join(ARCHITECTURES.values())} config: "
-                              f"{raw.get('architectures')}")
-    for key in ("dtype", "torch_dtype", "auto_map", "transformers_version"):
-        raw.pop(key, None)
-    return Qwen3Config(**raw)
-
-
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensors, one ``model.safetensors`` or the shards its index names; a ``model.`` prefix (some
-    trainers write it) dropped."""
-    path = Path(path)
-    index = path / f"{WEIGHTS_FILE}.index.json"
-    files = ([path / f for f in sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))]
-             if index.exists() else [path / WEIGHTS_FILE])
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update({k.removeprefix("model."): v for k, v in load_file(str(f)).items()})
-    return state
-
-
-# Parts a DFlash 2 drafter has and a DFlash 1 drafter lacks: a warm start leaves them at their identity / zero start.
-DFLASH2_ONLY = (".attention_conv.", ".mlp_conv.", "candidate_selector.")
-
-
-def warm_start(drafter: DFlashDrafter, path: str | Path) -> dict[str, Any]:
-    """Load the weights of the drafter checkpoint in ``path`` (draftline's or z-lab's layout) into ``drafter``.
-
-    The checkpoint must fit the drafter (and so the target it was built for): hidden size, vocabulary, mask token,
-    block size, target layers and number of layers, its training data's tokenizer fingerprint where it records one,
-    and every shared tensor's shape; a misfit raises :class:`DrafterMismatch` naming the field. DFlash 1 -> DFlash 2 is a warm start: the convolutions and the selector keep their identity /
-    zero start, so the drafter drafts what the checkpoint drafts. DFlash 2 -> DFlash 1 is refused (it would drop the
-    selector). Returns what was loaded (for the report)."""
-    path = Path(path)
-    source = read_config(path)
-    mine = drafter.config
-    if dflash_value(source, "mask_token_id") is None:
-        raise DrafterMismatch(f"the drafter in {path} records no mask_token_id (dflash_config): nothing says which "
-                              "target it was trained for")
-    checks = {
-        "hidden_size": (source.hidden_size, mine.hidden_size),
-        "vocab_size": (source.vocab_size, mine.vocab_size),
-        "mask_token_id": (int(dflash_value(source, "mask_token_id")), drafter.mask_token_id),
-        "block_size": (getattr(source, "block_size", None), drafter.block_size),
-        "target_layer_ids": ([int(i) for i in dflash_value(source, "target_layer_ids")],
-                             list(drafter.target_layer_ids)),
-        "num_hidden_layers": (source.num_hidden_layers, mine.num_hidden_layers),
-    }
-    # A draftline drafter records its training data's tokenizer: one of another target with the same shapes (another
-    # embedded seed) must not pass. A released z-lab drafter records none; its shapes are all there is to check.
-    theirs = getattr(source, "draftline", None)
-    if isinstance(theirs, dict) and "tokenizer_fingerprint" in theirs:
-        checks["tokenizer_fingerprint"] = (theirs["tokenizer_fingerprint"], lineage_of(mine)["tokenizer_fingerprint"])
-    for name, (theirs, ours) in checks.items():
-        if theirs != ours:
-            raise DrafterMismatch(f"the drafter in {path} has {name} {theirs}, this run needs {ours}")
-    if is_dflash2(source) and not is_dflash2(mine):
-        raise DrafterMismatch(f"the drafter in {path} is DFlash 2: start a dflash2 drafter from it, not a DFlash 1")
-    state = read_weights(path)
-    own = drafter.state_dict()
-    unexpected = sorted(set(state) - set(own))
-    missing = sorted(k for k in set(own) - set(state) if not (is_dflash2(mine) and not is_dflash2(source)
-                                                               and any(p in k for p in DFLASH2_ONLY)))
-    if unexpected or missing:
-        raise DrafterMismatch(f"the drafter in {path} does not fit this one: tensors it lacks {missing[:5]}, tensors "
-                              f"it has that this one does not {unexpected[:5]}")
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise DrafterMismatch(f"the drafter in {path} has {name} of shape {tuple(tensor.shape)}, this run needs "
-                                  f"{tuple(own[name].shape)} (intermediate_size, heads or DFlash 2 sizes differ)")
-    dtype = drafter.fc.weight.dtype
-    drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
-    return {"from": str(path), "architecture": "dflash2" if is_dflash2(source) else "dflash",
-            "tensors_loaded": len(state), "tensors_at_their_start": len(set(own) - set(state))}

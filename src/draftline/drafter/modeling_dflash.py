@@ -290,11 +290,6 @@ class DFlashModules(nn.Module):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def propose(self, hidden, anchor_ids, output_head, temperature: float = 0.0, generator=None):
-        """DFlash 2: the selector's path through the block (see :meth:`CandidateSelector.select`)."""
-        return self.candidate_selector.select(hidden, self.compute_logits(hidden, output_head), anchor_ids,
-                                              temperature, generator)
-
 
 # -- 6. DFlash 2: the candidate selector ------------------------------------------------------------------------
 

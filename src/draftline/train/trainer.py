@@ -42,20 +42,16 @@ from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target
 from draftline.core.threads import torch_threads
-from draftline.drafter.model import (
-    CONFIG_FILE,
-    DFlashDrafter,
-    DrafterMismatch,
-    build_target_layer_ids,
-    make_config,
-    warm_start,
-)
+from draftline.drafter.checkpoint import CONFIG_FILE
+from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, make_config
+from draftline.drafter.model import DFlashDrafter
 from draftline.train.data import Batch, BatchPlan, collate, pack_rows, pack_shapes
 from draftline.train.features import FeatureCache, cache_bytes
 from draftline.train.memory import GB, Preflight, Shapes, preflight
 from draftline.train.objective import dflash_loss, pack_features
 from draftline.train.params import NOT_IN_KEY, TrainParams
 from draftline.train.state import load_latest, save_state, state_key
+from draftline.train.warm_start import warm_start
 
 if TYPE_CHECKING:
     from draftline.train.stage import TrainArgs
