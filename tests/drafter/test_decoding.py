@@ -14,6 +14,7 @@ from draftline.drafter.decoding import (
     _cache_kwarg,
     crop_cache,
     greedy_generate,
+    greedy_reference,
     speculative_generate,
 )
 
@@ -160,6 +161,22 @@ def test_stop_token_inside_an_accepted_block(target, prompts):
     # A stop token as the very first token ends before any verification step.
     first = speculative_generate(target, Oracle(p + ref), p, MAX_NEW, stop_ids={ref[0]})
     assert first.tokens == ref[:1] and first.steps == 0 and first.target_forwards == 1
+
+
+def test_the_one_forward_reference_is_target_only_greedy_decoding(target, prompts):
+    """What evaluate checks greedy outputs against: equal to token-by-token decoding (ended at max_new_tokens or at a
+    stop token), and where an output differs, it ends at the target's own token there, so the check fails."""
+    for p in prompts:
+        ref = greedy_generate(target, p, MAX_NEW)
+        got = greedy_reference(target, p, ref.tokens)
+        assert (got.tokens, got.stop_reason, got.target_forwards) == (ref.tokens, "length", ref.target_forwards)
+        stop = ref.tokens[5]
+        ended = greedy_generate(target, p, MAX_NEW, stop_ids={stop})
+        assert greedy_reference(target, p, ended.tokens, {stop}).tokens == ended.tokens
+        assert greedy_reference(target, p, ended.tokens, {stop}).stop_reason == "stop" == ended.stop_reason
+        wrong = list(ref.tokens)
+        wrong[7] = (wrong[7] + 1) % VOCAB  # a verification bug's output: one token not the target's choice
+        assert greedy_reference(target, p, wrong).tokens == ref.tokens[:8] != wrong
 
 
 def test_hidden_states_follow_the_accepted_positions(target, prompts):

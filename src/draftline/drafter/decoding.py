@@ -401,6 +401,29 @@ def target_generate(
     return speculative_generate(target, NoDraft(), prompt_ids, max_new_tokens, stop_ids, sampling, seed)
 
 
+@torch.inference_mode()
+def greedy_reference(target: PreTrainedModel, prompt_ids: Sequence[int], output: Sequence[int],
+                     stop_ids: Collection[int] = ()) -> Generation:
+    """Target-only greedy decoding of ``prompt_ids`` as far as ``output`` (another decoding's tokens) agrees with
+    it, from ONE forward of the target over the prompt and ``output``: at each position the target's argmax given
+    everything before it, which is what :func:`target_generate` emits there token by token (tested equal), at one
+    forward instead of ``len(output)``. Where ``output`` first differs, the target's own token ends the list; where
+    it agrees throughout, the list is ``output`` (it ended at a stop token or at the length target-only decoding
+    stops at too). ``target_forwards`` counts what target-only decoding spends: one forward per token."""
+    output = list(output)
+    if not output:
+        raise ValueError("output must hold at least one generated token")
+    ids = torch.as_tensor([*prompt_ids, *output[:-1]], dtype=torch.long, device=target.device)
+    choices = target(input_ids=ids[None]).logits[0, len(prompt_ids) - 1 :].argmax(-1).tolist()
+    tokens = []
+    for mine, theirs in zip(output, choices):
+        tokens.append(theirs)
+        if mine != theirs:
+            break
+    reason = "stop" if tokens[-1] in set(int(s) for s in stop_ids) else "length"
+    return Generation(tokens=tokens, stop_reason=reason, target_forwards=len(output))
+
+
 def greedy_generate(
     target: PreTrainedModel,
     prompt_ids: Sequence[int] | torch.Tensor,

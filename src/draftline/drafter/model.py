@@ -21,9 +21,7 @@ from torch import nn
 from transformers import DynamicCache, Qwen3Config
 
 from draftline.drafter.checkpoint import read_config, read_weights, write_checkpoint
-
-# lineage_of is not used here: the evaluate stage imports it from this module (src/draftline/evaluate/stage.py).
-from draftline.drafter.config import DrafterMismatch, lineage_of  # noqa: F401
+from draftline.drafter.config import DrafterMismatch
 from draftline.drafter.modeling_dflash import DFlashModules, is_dflash2
 
 
