@@ -1,4 +1,4 @@
-"""The float stages beside another busy process: quiet, beside one busy process, beside one ``nice -n 19`` busy
+"""Every stage beside another busy process: quiet, beside one busy process, beside one ``nice -n 19`` busy
 process, side by side in one run (issue 21: the defaults hold their speed without the user setting anything).
 
 Each cell runs a shortened stage exactly as ``stages/<stage>.py`` runs it (``draftline.core.runner.execute``, the
@@ -10,7 +10,9 @@ user's other terminal or job is: with the kernel's autogroup, the CPU is then sh
 - ``draftline``: the environment as a user has it, no OpenMP variable set: what draftline sets for itself
   (``draftline/__init__.py``: OMP_WAIT_POLICY=PASSIVE);
 - ``active``: OMP_WAIT_POLICY=ACTIVE, waiting threads spin (libgomp's behaviour before draftline set a policy);
-- ``spin:N``: GOMP_SPINCOUNT=N, waiting threads spin N times, then sleep.
+- ``spin:N``: GOMP_SPINCOUNT=N, waiting threads spin N times, then sleep;
+- ``cores``: OpenMP, the BLAS libraries and the tokenizers' Rayon pool one thread per core (what the stages ran
+  before the one-core rule of ``draftline/core/threads.py``; tokenize's ``workers`` stays the param's).
 
 Cells (on the committed embedded default: ``dvc repro`` or ``dvc pull`` first):
 
@@ -18,7 +20,8 @@ Cells (on the committed embedded default: ``dvc repro`` or ``dvc pull`` first):
 - generate: seconds of generation for ``--prompts`` prompts of data/prompts/train.jsonl (generate.local.workers
   processes of generate.local.threads threads; model loading excluded);
 - train: seconds per optimizer step over ``--steps`` steps (train.threads);
-- evaluate: decoding seconds (reports/eval.run.json decode_seconds) of one eval prompt per source (evaluate.threads).
+- evaluate: decoding seconds (reports/eval.run.json decode_seconds) of one eval prompt per source (evaluate.threads);
+- prompts, tokenize, merge: the whole stage's seconds on the committed inputs (its params: tokenize.workers).
 
 Each cell is the median of ``--reps`` repetitions, alternating cells so that drift hits every cell alike.
 
@@ -95,18 +98,55 @@ def _evaluate(tmp: Path, _steps: int, _prompts: int) -> float:
     return run["decode_seconds"]
 
 
+def _prompts(tmp: Path, _steps: int, _prompts: int) -> float:
+    from draftline.core.runner import execute
+    from draftline.prompts.params import load
+    from draftline.prompts.stage import PromptsArgs, run_prompts
+
+    args = PromptsArgs(conversations=DATA / "conversations", target=DATA / "target" / "target.json", out=tmp / "p",
+                       metrics=tmp / "m.json", report=tmp / "r.json", plot=tmp / "mix.csv",
+                       plot_shares=tmp / "shares.csv", plot_languages=tmp / "languages.csv", drafters=DATA / "drafters")
+    return execute("prompts", run_prompts, load(), args).run["stage_seconds"]
+
+
+def _tokenize(tmp: Path, _steps: int, _prompts: int) -> float:
+    from draftline.core.runner import execute
+    from draftline.tokenize.params import load
+    from draftline.tokenize.stage import TokenizeArgs, run_tokenize
+
+    args = TokenizeArgs(completions=DATA / "completions", target=DATA / "target" / "target.json", out=tmp / "t",
+                        metrics=tmp / "m.json", report=tmp / "r.json", plot=tmp / "p.csv")
+    return execute("tokenize", run_tokenize, load(), args).run["stage_seconds"]
+
+
+def _merge(tmp: Path, _steps: int, _prompts: int) -> float:
+    from draftline.core.runner import execute
+    from draftline.merge.params import load
+    from draftline.merge.stage import MergeArgs, run_merge
+
+    args = MergeArgs(tokenized=DATA / "tokenized", target=DATA / "target" / "target.json", out=tmp / "m",
+                     metrics=tmp / "m.json", report=tmp / "r.json", plot=tmp / "p.csv")
+    return execute("merge", run_merge, load(), args).run["stage_seconds"]
+
+
 CELLS = {"target": (_target, "s/step"), "generate": (_generate, "s"), "train": (_train, "s/step"),
-         "evaluate": (_evaluate, "s")}
+         "evaluate": (_evaluate, "s"), "prompts": (_prompts, "s"), "tokenize": (_tokenize, "s"),
+         "merge": (_merge, "s")}
 
 
 def environment(policy: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    """The environment a user has (none of draftline's variables set), with ``policy``'s changes."""
+    from draftline.core.threads import ONE_CORE
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", *ONE_CORE)}
     if policy == "active":
         env["OMP_WAIT_POLICY"] = "ACTIVE"
     elif policy.startswith("spin:"):
         env["GOMP_SPINCOUNT"] = policy.split(":", 1)[1]
+    elif policy == "cores":  # every pool one thread per core: what the stages ran before the one-core rule
+        env.update(dict.fromkeys(ONE_CORE, str(os.cpu_count() or 1)))
     elif policy != "draftline":
-        raise SystemExit(f"unknown policy {policy!r}: draftline, active or spin:<N>")
+        raise SystemExit(f"unknown policy {policy!r}: draftline, active, cores or spin:<N>")
     return env
 
 

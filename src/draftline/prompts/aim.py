@@ -16,10 +16,11 @@ that domain gives its overflow to the others; :func:`draftline.prompts.blend.sel
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from draftline.core.classify import DOMAINS
-from draftline.prompts.blend import BlendError
+from draftline.prompts.blend import BlendError, Pool, Selection, select
+from draftline.prompts.params import BlendParams
 
 
 def _fmt(shares: Mapping[str, float]) -> str:
@@ -104,3 +105,37 @@ def check_max_share(merged: Mapping[str, int], limit: float | None, unit: str, b
                 f"to bring {d} down, or raise blend.max_domain_share"
             )
 
+
+def by_domain(pools: list[Pool], domain_of: Callable[[str], str]) -> dict[str, list[Pool]]:
+    """Each source's pool cut into one pool per domain, selection order kept."""
+    out: dict[str, list[Pool]] = {d: [] for d in DOMAINS}
+    for p in pools:
+        for d in DOMAINS:
+            keep = [i for i, id_ in enumerate(p.ids) if domain_of(id_) == d]
+            out[d].append(Pool(p.name, [p.ids[i] for i in keep], [p.costs[i] for i in keep], whole=p.whole,
+                               weight=p.weight))
+    return out
+
+
+def aimed_selection(pools: list[Pool], blend: BlendParams, domain_of: Callable[[str], str], base: dict[str, int]
+                    ) -> tuple[Selection, dict[str, int]]:
+    """``blend.target_mix``: the amount of each domain (:func:`draftline.prompts.aim.aim`), then per domain the
+    usual whole / weighted selection among the sources' rows of that domain (``domain_of``: a prompt id's domain)."""
+    per_domain = by_domain(pools, domain_of)
+    floor = {d: sum(p.capacity for p in per_domain[d] if p.whole) for d in DOMAINS}
+    cap = {d: floor[d] + sum(p.capacity for p in per_domain[d] if not p.whole and p.weight > 0) for d in DOMAINS}
+    target = blend.requested_mix()
+    assert target is not None
+    amounts = aim(target, base, floor, cap, blend.total, blend.unit)
+    train = {p.name: [] for p in pools}
+    requested = {p.name: 0 for p in pools}
+    achieved = {p.name: 0 for p in pools}
+    for d in DOMAINS:
+        sel = select(per_domain[d], amounts[d], blend.unit)
+        for name in train:
+            train[name] += sel.train_ids[name]
+            requested[name] += sel.requested[name]
+            achieved[name] += sel.achieved[name]
+    rank = {id_: i for p in pools for i, id_ in enumerate(p.ids)}
+    train = {name: sorted(ids, key=rank.__getitem__) for name, ids in train.items()}
+    return Selection({p.name: p.eval_ids for p in pools}, train, requested, achieved), amounts

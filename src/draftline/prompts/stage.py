@@ -1,11 +1,14 @@
 """The ``prompts`` stage: every source's conversations -> ``train.jsonl`` + ``eval.jsonl``, metrics and the mix plot.
 
-Order of work: cut a prompt out of every conversation (bad ones counted per reason), exact dedup, near dedup,
-eval split, blend (by source weights, or aimed at ``blend.target_mix`` for the merged set, counting the recorded
-mix of ``merge.base``), the ``blend.max_domain_share`` guard. Every prompt kept gets a domain and a language
-(:mod:`draftline.core.classify`); the report gives them per source, for the base, the new rows and the merged set. Every check that can fail (config, feasibility of the blend) runs before anything is written,
-and the two JSONL files appear together or not at all. Sources are taken in ``params.yaml: sources`` order, which
-also breaks ties in dedup priority; token costs render prompts as generation will (``generate.enable_thinking``).
+Order of work: cut a prompt out of every conversation (bad ones counted per reason; ``canonical``), exact dedup,
+near dedup (``dedup``), the eval split and the blend by source weights (``blend``), or aimed at
+``blend.target_mix`` for the merged set counting the recorded mix of ``merge.base`` (``aim``, ``base``), steered
+by a previous round's dev figures (``steer``), then the ``blend.max_domain_share`` guard. Every prompt kept gets a
+domain and a language (:mod:`draftline.core.classify`); the report gives them per source, for the base, the new rows
+and the merged set (``report``). Every check that can fail (config, feasibility of the blend, the steering
+evaluation) runs before anything is written, and the two JSONL files appear together or not at all. Sources are
+taken in ``params.yaml: sources`` order, which also breaks ties in dedup priority; token costs render prompts as
+generation will (``generate.enable_thinking``; ``costs``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from draftline.core.classify import DOMAINS, Label, classify_messages
 from draftline.core.errors import MissingInput
 from draftline.core.files import atomic_path, write_csv
 from draftline.core.logs import get_logger
-from draftline.core.mix import Mix, folder_mix
+from draftline.core.mix import Mix
 from draftline.core.params import ParamsError
 from draftline.core.records import (
     CONVERSATIONS_FILE,
@@ -37,15 +40,16 @@ from draftline.core.records import (
 )
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import RowError, Skips
-from draftline.core.splits import DEV, split_of
+from draftline.core.splits import split_of
 from draftline.core.target import load_target, load_tokenizer
 from draftline.core.tracked import require_tracked
-from draftline.prompts.aim import aim, check_max_share
-from draftline.prompts.blend import Pool, Selection, hash_rank, select, source_plan, split_eval
+from draftline.prompts.aim import aimed_selection, check_max_share
+from draftline.prompts.base import base_mix, base_prompt_ids
+from draftline.prompts.blend import Pool, hash_rank, select, source_plan, split_eval
 from draftline.prompts.canonical import cut_prompt, user_text
 from draftline.prompts.costs import token_costs
 from draftline.prompts.dedup import MinHasher, exact_duplicates, near_duplicates, number_key, survivor_order
-from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings, SteerParams
+from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
 from draftline.prompts.report import (
     SourceReport,
     build_metrics,
@@ -57,7 +61,7 @@ from draftline.prompts.report import (
     plot_rows,
     share_rows,
 )
-from draftline.prompts.steer import base_prompt_ids, check_prompt_set, read_evaluation, steer_factors
+from draftline.prompts.steer import format_steer, steer_shares, steering
 
 log = get_logger("draftline.prompts")
 
@@ -170,41 +174,6 @@ class Blend:
     aimed: dict[str, int] | None = None
 
 
-def _by_domain(pools: list[Pool], labels: Labels) -> dict[str, list[Pool]]:
-    """Each source's pool cut into one pool per domain, selection order kept."""
-    out: dict[str, list[Pool]] = {d: [] for d in DOMAINS}
-    for p in pools:
-        for d in DOMAINS:
-            keep = [i for i, id_ in enumerate(p.ids) if labels(id_).domain == d]
-            out[d].append(Pool(p.name, [p.ids[i] for i in keep], [p.costs[i] for i in keep], whole=p.whole,
-                               weight=p.weight))
-    return out
-
-
-def _aimed_selection(pools: list[Pool], blend: BlendParams, labels: Labels, base: dict[str, int]
-                     ) -> tuple[Selection, dict[str, int]]:
-    """``blend.target_mix``: the amount of each domain (:func:`draftline.prompts.aim.aim`), then per domain the
-    usual whole / weighted selection among the sources' rows of that domain."""
-    per_domain = _by_domain(pools, labels)
-    floor = {d: sum(p.capacity for p in per_domain[d] if p.whole) for d in DOMAINS}
-    cap = {d: floor[d] + sum(p.capacity for p in per_domain[d] if not p.whole and p.weight > 0) for d in DOMAINS}
-    target = blend.requested_mix()
-    assert target is not None
-    amounts = aim(target, base, floor, cap, blend.total, blend.unit)
-    train = {p.name: [] for p in pools}
-    requested = {p.name: 0 for p in pools}
-    achieved = {p.name: 0 for p in pools}
-    for d in DOMAINS:
-        sel = select(per_domain[d], amounts[d], blend.unit)
-        for name in train:
-            train[name] += sel.train_ids[name]
-            requested[name] += sel.requested[name]
-            achieved[name] += sel.achieved[name]
-    rank = {id_: i for p in pools for i, id_ in enumerate(p.ids)}
-    train = {name: sorted(ids, key=rank.__getitem__) for name, ids in train.items()}
-    return Selection({p.name: p.eval_ids for p in pools}, train, requested, achieved), amounts
-
-
 def blend_rows(
     kept: list[PromptRecord], reports: dict[str, SourceReport], blend: BlendParams, order: Sequence[str], cost: Costs,
     labels: Labels | None = None, base: dict[str, int] | None = None, in_base: frozenset[str] = frozenset(),
@@ -234,7 +203,8 @@ def blend_rows(
     if blend.target_mix is None:
         selection = select(pools, blend.total, blend.unit)
     else:
-        selection, aimed = _aimed_selection(pools, blend, labels or Labels(kept), base or dict.fromkeys(DOMAINS, 0))
+        labels = labels or Labels(kept)
+        selection, aimed = aimed_selection(pools, blend, lambda i: labels(i).domain, base or dict.fromkeys(DOMAINS, 0))
     train: list[PromptRecord] = []
     for pool in pools:
         chosen = selection.train_ids[pool.name]
@@ -270,76 +240,6 @@ class PromptsArgs(StageArgs):
     plot_shares: Path
     plot_languages: Path
     drafters: Path  # where earlier rounds' drafters and evaluations live (a dependency of the stage)
-
-
-def base_mix(base: str | None, tokenizer: Any, stage: StageRun, needed: bool) -> Mix:
-    """The recorded mix of ``merge.base`` (labelled here, once, where nothing is recorded); empty without a base.
-    A base that is not a ``save_to_disk`` folder (another trainer's export) has no shards to key a record by: it
-    is left out of the report, and refused where ``needed`` (a target mix or a domain cap counts it)."""
-    if base is None:
-        return Mix()
-    if not (Path(base) / "state.json").is_file():
-        if needed:
-            raise MissingInput(f"merge.base {base} is not a datasets save_to_disk folder, so its mix is unknown to "
-                               "blend.target_mix and blend.max_domain_share: merge it once (its merged folder "
-                               "records its mix) and use that as merge.base, or set both to null")
-        log.warning("merge.base %s is not a save_to_disk folder: the report's mix leaves it out", base)
-        return Mix()
-    started = time.perf_counter()
-    fm, _ = folder_mix(base, tokenizer)
-    stage.run["base_mix"] = {"shards_recorded": fm.recorded, "shards_cached": fm.cached, "shards_labelled": fm.labelled,
-                             "rows_labelled": fm.rows_labelled, "seconds": round(time.perf_counter() - started, 2)}
-    log.info("merge.base %s: mix of %d shards (%d recorded, %d cached, %d labelled now)", base, len(fm.checksums),
-             fm.recorded, fm.cached, fm.labelled)
-    return fm.total
-
-
-@dataclass(frozen=True)
-class Steering:
-    """``blend.steer`` read: the previous round's dev figures and, per weighted source, its acceptance and factor."""
-
-    dev: dict[str, Any]
-    sources: dict[str, dict[str, Any]]
-
-    def check_prompts(self, steer: SteerParams, eval_: list[PromptRecord]) -> None:
-        dev_ids = {r.id for r in eval_ if split_of(r.id) == DEV}
-        check_prompt_set(self.dev, steer.setting, dev_ids, Path(steer.eval))
-
-
-def steering(blend: BlendParams, order: Sequence[str], tokenizer_fingerprint: str) -> Steering | None:
-    """``blend.steer``'s acceptance and weight factor per weighted source (:mod:`draftline.prompts.steer`)."""
-    if blend.steer is None:
-        return None
-    plan = source_plan(order, blend.sources)
-    weights = {name: x["weight"] for name, x in plan.items() if not x["whole"] and x["weight"] > 0}
-    dev = read_evaluation(blend.steer.eval, tokenizer_fingerprint)
-    factors = steer_factors(weights, dev, blend.steer.setting, blend.steer.strength, Path(blend.steer.eval))
-    return Steering(dev, {name: {"weight": weights[name], **factors[name]} for name in weights})
-
-
-def steer_shares(steer: SteerParams, steering: Steering, details: dict[str, Any]) -> dict[str, Any]:
-    """What steered (the evaluation, its split, the setting) and per steered source: its acceptance and factor, and
-    its share of the weighted sources' rows as requested (the weights), steered (the weights x factors) and
-    achieved (the rows chosen)."""
-    sources = steering.sources
-    steered = {s: x["weight"] * x["factor"] for s, x in sources.items()}
-    rows = {s: details["sources"][s]["achieved_rows"] for s in sources}
-    w, sw, n = sum(x["weight"] for x in sources.values()), sum(steered.values()), sum(rows.values())
-    return {"eval": steer.eval, "split": DEV, "setting": steer.setting, "strength": steer.strength, "sources": {
-        s: {"acceptance": x["acceptance"], "factor": x["factor"], "requested": round(x["weight"] / w, 4),
-            "steered": round(steered[s] / sw, 4), "achieved": round(rows[s] / n, 4) if n else 0.0}
-        for s, x in sources.items()}}
-
-
-def format_steer(steer: dict[str, Any]) -> str:
-    lines = [f"blend.steer ({steer['eval']}, {steer['split']} split, {steer['setting']}): shares of the weighted "
-             "sources' rows",
-             f"{'source':<20} {'acceptance':>10} {'factor':>7} {'requested':>9} {'steered':>8} {'achieved':>8}"]
-    for s, x in steer["sources"].items():
-        a = "-" if x["acceptance"] is None else f"{x['acceptance']:.2f}"
-        lines.append(f"{s:<20} {a:>10} {x['factor']:>7.2f} {x['requested']:>9.1%} {x['steered']:>8.1%} "
-                     f"{x['achieved']:>8.1%}")
-    return "\n".join(lines)
 
 
 def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:

@@ -1,4 +1,5 @@
-"""Steering the blend by a previous round's acceptance (``blend.steer``) and keeping the base's prompts out of it.
+"""Steering the blend by a previous round's acceptance (``blend.steer``): reading and checking the evaluation, the
+weight factors, and what the report shows of them.
 
 The rule: a weighted source ``s`` with acceptance ``a_s`` (z-lab's figure on its held-out prompts, under the
 evaluation setting ``steer.setting`` in the ``dev`` split of the previous round's ``reports/eval.json``) gets weight
@@ -9,22 +10,21 @@ keeps its weight (factor 1). Weights are relative, so steering moves shares, nev
 
 Why the lag and not the absolute level: acceptance differs by kind of text at any drafter quality (tool calls are
 easier to draft than prose), so only a source that lags the others says where more data helps most.
-
-The base (``merge.base``): its rows' prompt ids are excluded from the train pool after the eval split, so that
-the eval prompts are those of every round (the split does not depend on the base) and no new prompt repeats one
-the base already holds (the merge would drop it: a wasted generation).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftline.core.dataset import mapped_shards, verified_shard_files
 from draftline.core.errors import MissingInput, Refusal
-from draftline.core.splits import DEV
+from draftline.core.records import PromptRecord
+from draftline.core.splits import DEV, split_of
+from draftline.prompts.blend import source_plan
+from draftline.prompts.params import BlendParams, SteerParams
 
 
 def read_evaluation(report: str | Path, tokenizer_fingerprint: str) -> dict[str, Any]:
@@ -100,10 +100,49 @@ def source_acceptance(per_source: Mapping[str, Any], source: str, path: Path) ->
     return value
 
 
-def base_prompt_ids(base: str | None) -> frozenset[str]:
-    """The prompt ids of ``merge.base``'s rows (a row's id is its prompt's); empty without a base, or for a base in
-    another trainer's layout (no ids: the merge still drops its prompts by content)."""
-    if base is None or not (Path(base) / "draftline.json").is_file():
-        return frozenset()
-    _, files = verified_shard_files(base)  # a damaged base is refused here, as by every reader of a dataset
-    return frozenset(i for t in mapped_shards(base, files) for i in t.column("id").to_pylist())
+@dataclass(frozen=True)
+class Steering:
+    """``blend.steer`` read: the previous round's dev figures and, per weighted source, its acceptance and factor."""
+
+    dev: dict[str, Any]
+    sources: dict[str, dict[str, Any]]
+
+    def check_prompts(self, steer: SteerParams, eval_: list[PromptRecord]) -> None:
+        dev_ids = {r.id for r in eval_ if split_of(r.id) == DEV}
+        check_prompt_set(self.dev, steer.setting, dev_ids, Path(steer.eval))
+
+
+def steering(blend: BlendParams, order: Sequence[str], tokenizer_fingerprint: str) -> Steering | None:
+    """``blend.steer``'s acceptance and weight factor per weighted source (:mod:`draftline.prompts.steer`)."""
+    if blend.steer is None:
+        return None
+    plan = source_plan(order, blend.sources)
+    weights = {name: x["weight"] for name, x in plan.items() if not x["whole"] and x["weight"] > 0}
+    dev = read_evaluation(blend.steer.eval, tokenizer_fingerprint)
+    factors = steer_factors(weights, dev, blend.steer.setting, blend.steer.strength, Path(blend.steer.eval))
+    return Steering(dev, {name: {"weight": weights[name], **factors[name]} for name in weights})
+
+
+def steer_shares(steer: SteerParams, steering: Steering, details: dict[str, Any]) -> dict[str, Any]:
+    """What steered (the evaluation, its split, the setting) and per steered source: its acceptance and factor, and
+    its share of the weighted sources' rows as requested (the weights), steered (the weights x factors) and
+    achieved (the rows chosen)."""
+    sources = steering.sources
+    steered = {s: x["weight"] * x["factor"] for s, x in sources.items()}
+    rows = {s: details["sources"][s]["achieved_rows"] for s in sources}
+    w, sw, n = sum(x["weight"] for x in sources.values()), sum(steered.values()), sum(rows.values())
+    return {"eval": steer.eval, "split": DEV, "setting": steer.setting, "strength": steer.strength, "sources": {
+        s: {"acceptance": x["acceptance"], "factor": x["factor"], "requested": round(x["weight"] / w, 4),
+            "steered": round(steered[s] / sw, 4), "achieved": round(rows[s] / n, 4) if n else 0.0}
+        for s, x in sources.items()}}
+
+
+def format_steer(steer: dict[str, Any]) -> str:
+    lines = [f"blend.steer ({steer['eval']}, {steer['split']} split, {steer['setting']}): shares of the weighted "
+             "sources' rows",
+             f"{'source':<20} {'acceptance':>10} {'factor':>7} {'requested':>9} {'steered':>8} {'achieved':>8}"]
+    for s, x in steer["sources"].items():
+        a = "-" if x["acceptance"] is None else f"{x['acceptance']:.2f}"
+        lines.append(f"{s:<20} {a:>10} {x['factor']:>7.2f} {x['requested']:>9.1%} {x['steered']:>8.1%} "
+                     f"{x['achieved']:>8.1%}")
+    return "\n".join(lines)
