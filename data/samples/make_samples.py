@@ -1021,7 +1021,8 @@ def make_traces(rng: random.Random) -> Sample:
 # Rows appended at the end of each file, after the quirks, from their own rng: every earlier line and quirk keeps its
 # bytes and its line number. They add content the first rows never have (new concepts, code tasks, question
 # families, tools), so that their prompts survive the prompt stage's exact and near-duplicate removal: the held-out
-# evaluation takes 72 distinct prompts per source and the blend still needs the rest. No quirks among them.
+# evaluation takes 104 distinct prompts per source (blend.eval: 24 dev + 80 test) and the blend still needs the rest.
+# No quirks among them.
 
 CONCEPTS2 = [  # term, definition, example: never in CONCEPTS, so no explanation repeats an earlier row
     ("erosion", "the slow wearing away of rock and soil by water and wind", "a river carving a canyon over many years"),
