@@ -42,6 +42,7 @@ from draftline.core.mix import Mix, folder_mix, num_tokens_of, shares, tables_mi
 from draftline.core.records import TargetInfo
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.target import load_target, load_tokenizer
+from draftline.core.tracked import require_tracked
 from draftline.merge.carry import Carrier, make_read_only
 from draftline.merge.guards import (
     MergeGuardError,
@@ -317,18 +318,21 @@ def mix_report(staged: list[fmt.ShardInfo], entries: dict[str, Mix], base_rows: 
 class MergeArgs(StageArgs):
     """``stages/merge.py``'s paths (dvc.yaml passes them): the tokenize stage's folder, the target's
     ``target.json``, the merged folder written, the headline metrics and the mix plot. The base is ``merge.base``
-    (a param)."""
+    (a param), which must lie under ``bases``, as must ``merge.base_tokenizer``."""
 
     tokenized: Path
     target: Path
     out: Path
     metrics: Path
     plot: Path
+    bases: Path  # where the bases and their tokenizers live (a dependency of the stage)
 
 
 def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
     """The whole stage. Raises :class:`MergeGuardError`, leaving ``args.out`` as it was, when the base does not
     fit the new data."""
+    require_tracked(p.base, args.bases, "merge.base")
+    require_tracked(p.base_tokenizer, args.bases, "merge.base_tokenizer")
     info = load_target(args.target)
     if not (Path(args.tokenized) / fmt.META_FILE).is_file():
         raise MissingInput(f"{Path(args.tokenized) / fmt.META_FILE} is missing: {args.tokenized} is not a tokenized "
