@@ -7,6 +7,7 @@ their readers are replayed from their source, cited at each check; the ``hf`` fo
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -178,7 +179,10 @@ def test_a_foreign_set_without_lineage_needs_a_claim_and_a_wrong_one_is_refused(
     datasets.load_from_disk(str(world / "data/export/hf")).save_to_disk(str(lying))
     claim = json.loads((world / "data/export/hf/export.json").read_text())
     (lying / "export.json").write_text(json.dumps({**claim, "tokenizer_fingerprint": "0" * 64}))
-    with pytest.raises(MergeGuardError, match="says export.json"):
+    info = json.loads((world / "data/target/target.json").read_text())
+    with pytest.raises(MergeGuardError, match=re.escape(
+            f"params.yaml: merge.base ({lying}) was made, says its export.json, with tokenizer fingerprint "
+            f"000000000000, the target's is {info['tokenizer_fingerprint'][:12]}: ")):
         merge(world, "round2-lying", base=str(lying))
 
 

@@ -214,15 +214,26 @@ def test_deterministic_and_seeded(world):
 
 
 def test_base_with_another_fingerprint_is_refused_before_writing(world, tmp_path_factory):
+    """A draftline base records its tokenizer's fingerprint: another than the target's is refused in one line naming
+    merge.base, both fingerprints and the fix, and the previous output and its metrics are left as they were."""
     root, info, base_rows, _ = world
     other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380)
     other = write_target(tmp_path_factory.mktemp("t") / "target.json", other_dir)
-    write_tokenized(root / "data/bases/alien", make_rows(other_dir, ["a0", "a1"], seed=5), other)
+    alien = root / "data/bases/alien"
+    write_tokenized(alien, make_rows(other_dir, ["a0", "a1"], seed=5), other)
     merge(root)  # a previous good output must survive a refused merge
     before = file_hashes(root / "data/merged")
-    with pytest.raises(MergeGuardError, match="tokenizer_fingerprint"):
-        merge(root, base=str(root / "data/bases/alien"))
+    reported = [(root / f).read_bytes() for f in ("metrics/merge.json", "reports/merge.json")]
+    with pytest.raises(MergeGuardError) as refused:
+        merge(root, base=str(alien))
+    assert other.tokenizer_fingerprint[:12] != info.tokenizer_fingerprint[:12]
+    assert str(refused.value) == (
+        f"params.yaml: merge.base ({alien}) was made, says its draftline.json, with tokenizer fingerprint "
+        f"{other.tokenizer_fingerprint[:12]}, the target's is {info.tokenizer_fingerprint[:12]}: the base's token ids "
+        "mean other tokens under the target; set merge.base to a set tokenized with the target, or tokenize the "
+        "base's conversations with it")
     assert file_hashes(root / "data/merged") == before
+    assert [(root / f).read_bytes() for f in ("metrics/merge.json", "reports/merge.json")] == reported
 
 
 def untracked_message(field: str, value: Path, bases: Path) -> str:
@@ -331,12 +342,22 @@ def test_overlap_is_found_through_the_recorded_keys(world, tok_dir):
 
 
 def test_legacy_base_made_with_another_tokenizer_is_caught(world, tmp_path_factory):
-    root, _, _, _ = world
+    root, info, _, _ = world
     other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380, seed=7)
+    other = write_target(tmp_path_factory.mktemp("t") / "target.json", other_dir)
     legacy = root / "data/bases/legacy"
     write_legacy(legacy, make_rows(other_dir, [f"o{i}" for i in range(20)], seed=3))
-    with pytest.raises(MergeGuardError, match="fingerprint"):
-        merge(root, base=str(legacy), base_tokenizer=str(tracked_tokenizer(root, other_dir)))
+    tokenizer = tracked_tokenizer(root, other_dir)
+    with pytest.raises(MergeGuardError) as refused:
+        merge(root, base=str(legacy), base_tokenizer=str(tokenizer))
+    # Named, merge.base_tokenizer gives the fingerprint: refused naming it, both fingerprints and the fixes.
+    assert str(refused.value) == (
+        f"params.yaml: merge.base_tokenizer ({tokenizer}), named as the maker of merge.base ({legacy}), has tokenizer "
+        f"fingerprint {other.tokenizer_fingerprint[:12]}, the target's is {info.tokenizer_fingerprint[:12]}: the "
+        "base's token ids mean other tokens under the target; set merge.base to a set tokenized with the target, or "
+        "tokenize the base's conversations with it; if the target's tokenizer made the base, set "
+        "merge.base_tokenizer: null and merge.assume_same_tokenizer: true (the re-encode check still runs)")
+    assert not (root / "data/merged").exists()
     # A wrong claim: the re-encode check finds that the target's tokenizer does not give these ids back.
     with pytest.raises(MergeGuardError, match="re-encode"):
         merge(root, base=str(legacy), assume_same_tokenizer=True)
