@@ -148,7 +148,7 @@ def main() -> None:
             params = MergeParams.parse({**defaults, "base": str(work / "bases/r1"), **params}, "merge")
             args = MergeArgs(tokenized=work / "tokenized", target=work / "target/target.json", out=work / f"merged-{name}",
                              metrics=work / f"m-{name}.json", report=work / f"report-{name}.json",
-                             plot=work / f"mix-{name}.csv")
+                             plot=work / f"mix-{name}.csv", bases=work / "bases")
             execute("merge", run_merge, params, args)
 
         steps = {

@@ -39,10 +39,12 @@ def target(root: Path, params: TargetParams) -> StageRun:
 
 def prompts(root: Path, settings: PromptsSettings, out: Path | None = None, conversations_dir: Path | None = None,
             target_dir: Path | None = None, drafters: Path | None = None) -> StageRun:
-    """The prompt stage into ``out`` (default ``root/prompts``); its metrics, report and plot beside it."""
+    """The prompt stage into ``out`` (default ``root/prompts``); its metrics, report and plot beside it. Earlier
+    rounds' files live in ``root/drafters`` (unless ``drafters``) and ``root/bases`` (merge.base)."""
     out = out or root / "prompts"
     return execute("prompts", run_prompts, settings, PromptsArgs(
         conversations=conversations_dir or root / "conversations", target=(target_dir or root / "target") / "target.json",
         out=out, metrics=out.parent / f"{out.name}-metrics.json", report=out.parent / f"{out.name}-report.json",
         plot=out.parent / f"{out.name}-mix.csv", plot_shares=out.parent / f"{out.name}-shares.csv",
-        plot_languages=out.parent / f"{out.name}-languages.csv", drafters=drafters or root / "drafters"))
+        plot_languages=out.parent / f"{out.name}-languages.csv", drafters=drafters or root / "drafters",
+        bases=root / "bases"))

@@ -143,8 +143,9 @@ def command_mismatches(stages) -> list[str]:
 
 
 # Declared deps that no argument names, on purpose: where the embedded default's sources live (a param, per source,
-# names the file), where merge.base lives and where train.init_from's starting drafter lives (a param names them).
-OPTIONAL_DEPS = {"data/samples", "data/bases", "data/drafters"}
+# names the file) and where train.init_from's starting drafter lives (a param names it). data/bases is passed
+# (--bases) wherever it is declared: merge.base and merge.base_tokenizer are refused outside it.
+OPTIONAL_DEPS = {"data/samples", "data/drafters"}
 
 
 def test_every_command_passes_exactly_its_declared_paths() -> None:

@@ -7,6 +7,8 @@ their readers are replayed from their source, cited at each check; the ``hf`` fo
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import datasets
@@ -34,7 +36,7 @@ def merge(root: Path, out: str, **params) -> dict:
     name = out.replace("/", "-")
     args = MergeArgs(tokenized=root / "data/tokenized", target=root / "data/target/target.json", out=root / out,
                      metrics=root / f"metrics-{name}.json", report=root / f"report-{name}.json",
-                     plot=root / f"mix-{name}.csv")
+                     plot=root / f"mix-{name}.csv", bases=root / "data/bases")
     return execute("merge", run_merge, MergeParams.parse(default_params("merge", **params), "merge"), args).details
 
 
@@ -156,7 +158,8 @@ def test_hf_labels_train_a_transformers_causal_lm_on_exactly_the_supervised_toke
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_an_exported_set_is_a_merge_base_with_its_lineage_as_the_claim(world, name):
-    m = merge(world, f"round2-{name}", base=str(world / "data/export" / name))
+    base = shutil.copytree(world / "data/export" / name, world / "data/bases" / f"export-{name}")  # where bases live
+    m = merge(world, f"round2-{name}", base=str(base))
     g = m["guards"]
     assert g["base_kind"] == name and g["tokenizer_claim"] == "export.json"
     assert g["reencode"]["matched"] == g["reencode"]["checked"] > 0
@@ -166,17 +169,20 @@ def test_an_exported_set_is_a_merge_base_with_its_lineage_as_the_claim(world, na
     assert merged.select(range(40))["input_ids"] == [r["input_ids"] for r in merged_rows(world)]
 
 
-def test_a_foreign_set_without_lineage_needs_a_claim_and_a_wrong_one_is_refused(world, tmp_path):
-    bare = tmp_path / "speculators"
+def test_a_foreign_set_without_lineage_needs_a_claim_and_a_wrong_one_is_refused(world):
+    bare = world / "data/bases/bare-speculators"
     datasets.load_from_disk(str(world / "data/export/speculators")).save_to_disk(str(bare))  # no export.json
     with pytest.raises(MergeGuardError, match="nothing says which tokenizer"):
         merge(world, "round2-bare", base=str(bare))
     assert merge(world, "round2-assumed", base=str(bare), assume_same_tokenizer=True)["guards"]["base_kind"] == "speculators"
-    lying = tmp_path / "hf"
+    lying = world / "data/bases/lying-hf"
     datasets.load_from_disk(str(world / "data/export/hf")).save_to_disk(str(lying))
     claim = json.loads((world / "data/export/hf/export.json").read_text())
     (lying / "export.json").write_text(json.dumps({**claim, "tokenizer_fingerprint": "0" * 64}))
-    with pytest.raises(MergeGuardError, match="says export.json"):
+    info = json.loads((world / "data/target/target.json").read_text())
+    with pytest.raises(MergeGuardError, match=re.escape(
+            f"params.yaml: merge.base ({lying}) was made, says its export.json, with tokenizer fingerprint "
+            f"000000000000, the target's is {info['tokenizer_fingerprint'][:12]}: ")):
         merge(world, "round2-lying", base=str(lying))
 
 

@@ -37,6 +37,7 @@ from draftline.core.errors import MissingInput, Refusal
 from draftline.core.files import DiskFullError
 from draftline.core.mix import read_record
 from draftline.core.runner import StageRun, execute, main, run_file
+from draftline.core.tracked import Untracked
 from draftline.merge.carry import CarryError
 from draftline.merge.guards import PROMPT_KEY_PREFIX, MergeGuardError
 from draftline.merge.params import MergeParams
@@ -64,20 +65,26 @@ def world(tmp_path: Path, tok_dir: Path):
     return tmp_path, info, base_rows, new_rows
 
 
-def stage_args(root: Path, out: Path | None = None) -> MergeArgs:
-    """The paths dvc.yaml passes, under ``root``."""
+def stage_args(root: Path, out: Path | None = None, bases: Path | None = None) -> MergeArgs:
+    """The paths dvc.yaml passes, under ``root`` (``bases``: where merge.base must lie, ``root/data/bases``)."""
     return MergeArgs(tokenized=root / "data/tokenized", target=root / "data/target/target.json",
                      out=out or root / "data/merged", metrics=root / "metrics/merge.json",
-                     report=root / "reports/merge.json", plot=root / "plots/merge_mix.csv")
+                     report=root / "reports/merge.json", plot=root / "plots/merge_mix.csv",
+                     bases=bases or root / "data/bases")
 
 
-def merge_run(root: Path, out: Path | None = None, **params) -> StageRun:
-    return execute("merge", run_merge, merge_params(**params), stage_args(root, out))
+def merge_run(root: Path, out: Path | None = None, bases: Path | None = None, **params) -> StageRun:
+    return execute("merge", run_merge, merge_params(**params), stage_args(root, out, bases))
 
 
-def merge(root: Path, **params) -> dict:
+def merge(root: Path, bases: Path | None = None, **params) -> dict:
     """The merge's details (its report, less the runner's skips)."""
-    return merge_run(root, **params).details
+    return merge_run(root, bases=bases, **params).details
+
+
+def tracked_tokenizer(root: Path, tokenizer: Path) -> Path:
+    """A copy of a tokenizer folder under ``root/data/bases``, where merge.base_tokenizer must name one."""
+    return Path(shutil.copytree(tokenizer, root / "data/bases" / f"tokenizer-{tokenizer.name}"))
 
 
 def test_a_damaged_base_shard_is_refused_before_anything_is_written(world):
@@ -207,15 +214,65 @@ def test_deterministic_and_seeded(world):
 
 
 def test_base_with_another_fingerprint_is_refused_before_writing(world, tmp_path_factory):
+    """A draftline base records its tokenizer's fingerprint: another than the target's is refused in one line naming
+    merge.base, both fingerprints and the fix, and the previous output and its metrics are left as they were."""
     root, info, base_rows, _ = world
     other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380)
     other = write_target(tmp_path_factory.mktemp("t") / "target.json", other_dir)
-    write_tokenized(root / "data/bases/alien", make_rows(other_dir, ["a0", "a1"], seed=5), other)
+    alien = root / "data/bases/alien"
+    write_tokenized(alien, make_rows(other_dir, ["a0", "a1"], seed=5), other)
     merge(root)  # a previous good output must survive a refused merge
     before = file_hashes(root / "data/merged")
-    with pytest.raises(MergeGuardError, match="tokenizer_fingerprint"):
-        merge(root, base=str(root / "data/bases/alien"))
+    reported = [(root / f).read_bytes() for f in ("metrics/merge.json", "reports/merge.json")]
+    with pytest.raises(MergeGuardError) as refused:
+        merge(root, base=str(alien))
+    assert other.tokenizer_fingerprint[:12] != info.tokenizer_fingerprint[:12]
+    assert str(refused.value) == (
+        f"params.yaml: merge.base ({alien}) was made, says its draftline.json, with tokenizer fingerprint "
+        f"{other.tokenizer_fingerprint[:12]}, the target's is {info.tokenizer_fingerprint[:12]}: the base's token ids "
+        "mean other tokens under the target; set merge.base to a set tokenized with the target, or tokenize the "
+        "base's conversations with it")
     assert file_hashes(root / "data/merged") == before
+    assert [(root / f).read_bytes() for f in ("metrics/merge.json", "reports/merge.json")] == reported
+
+
+def untracked_message(field: str, value: Path, bases: Path) -> str:
+    """The refusal of ``value`` (param ``field``) outside ``bases``, written out in full: what the user reads."""
+    inside = bases / value.name
+    return (f"params.yaml: {field} ({value}) is outside {bases}, which DVC tracks for this stage: a change to it would "
+            f"not rerun the stage. Copy it in and track it: cp -r {value} {inside} && dvc add {inside}; then set "
+            f"{field}: {inside}")
+
+
+def test_a_base_outside_the_bases_folder_is_refused_with_the_fix_before_it_is_read(world, tmp_path_factory):
+    """DVC cannot see a base outside the stage's bases folder change (a rerun would reuse a merge of its old rows):
+    refused in one line naming merge.base, its value, the folder and the commands that fix it, before the base is
+    read (a shard of this copy is cut short, which reading would refuse otherwise), and nothing is written."""
+    root = world[0]
+    outside = tmp_path_factory.mktemp("elsewhere") / "round0"
+    shutil.copytree(root / "data/bases/r1", outside)
+    victim = outside / fmt.shard_files(outside)[0]
+    victim.write_bytes(victim.read_bytes()[:-100])
+    with pytest.raises(Untracked) as refused:
+        merge(root, base=str(outside))
+    assert str(refused.value) == untracked_message("merge.base", outside, root / "data/bases")
+    assert not (root / "data/merged").exists() and not (root / "metrics/merge.json").exists()
+    with pytest.raises(fmt.CorruptShardError, match=victim.name):  # the same base, where the stage may read it
+        merge(root, base=str(outside), bases=outside.parent)
+
+
+def test_a_base_tokenizer_outside_the_bases_folder_is_refused_with_the_fix(world, tok_dir):
+    """merge.base_tokenizer is a dependency too (its fingerprint decides whether a legacy base is merged): outside
+    the bases folder it is refused as merge.base is, before the tokenizer or the base is read; inside, it is taken."""
+    root, _, base_rows, _ = world
+    legacy = root / "data/bases/legacy"
+    write_legacy(legacy, base_rows, with_ids=True)
+    with pytest.raises(Untracked) as refused:
+        merge(root, base=str(legacy), base_tokenizer=str(tok_dir))
+    assert str(refused.value) == untracked_message("merge.base_tokenizer", tok_dir, root / "data/bases")
+    assert not (root / "data/merged").exists() and not (root / "metrics/merge.json").exists()
+    m = merge(root, base=str(legacy), base_tokenizer=str(tracked_tokenizer(root, tok_dir)))
+    assert m["guards"]["tokenizer_claim"] == "base_tokenizer"
 
 
 def test_legacy_base_needs_a_claim_then_is_cast_and_matched_on_prompt_tokens(world, tok_dir):
@@ -285,12 +342,22 @@ def test_overlap_is_found_through_the_recorded_keys(world, tok_dir):
 
 
 def test_legacy_base_made_with_another_tokenizer_is_caught(world, tmp_path_factory):
-    root, _, _, _ = world
+    root, info, _, _ = world
     other_dir = train_tokenizer(tmp_path_factory.mktemp("other"), vocab_size=380, seed=7)
+    other = write_target(tmp_path_factory.mktemp("t") / "target.json", other_dir)
     legacy = root / "data/bases/legacy"
     write_legacy(legacy, make_rows(other_dir, [f"o{i}" for i in range(20)], seed=3))
-    with pytest.raises(MergeGuardError, match="fingerprint"):
-        merge(root, base=str(legacy), base_tokenizer=str(other_dir))
+    tokenizer = tracked_tokenizer(root, other_dir)
+    with pytest.raises(MergeGuardError) as refused:
+        merge(root, base=str(legacy), base_tokenizer=str(tokenizer))
+    # Named, merge.base_tokenizer gives the fingerprint: refused naming it, both fingerprints and the fixes.
+    assert str(refused.value) == (
+        f"params.yaml: merge.base_tokenizer ({tokenizer}), named as the maker of merge.base ({legacy}), has tokenizer "
+        f"fingerprint {other.tokenizer_fingerprint[:12]}, the target's is {info.tokenizer_fingerprint[:12]}: the "
+        "base's token ids mean other tokens under the target; set merge.base to a set tokenized with the target, or "
+        "tokenize the base's conversations with it; if the target's tokenizer made the base, set "
+        "merge.base_tokenizer: null and merge.assume_same_tokenizer: true (the re-encode check still runs)")
+    assert not (root / "data/merged").exists()
     # A wrong claim: the re-encode check finds that the target's tokenizer does not give these ids back.
     with pytest.raises(MergeGuardError, match="re-encode"):
         merge(root, base=str(legacy), assume_same_tokenizer=True)
@@ -301,7 +368,7 @@ def test_legacy_base_with_its_tokenizer_named(world, tok_dir):
     root, _, base_rows, _ = world
     legacy = root / "data/bases/legacy"
     write_legacy(legacy, base_rows, with_ids=True)
-    m = merge(root, base=str(legacy), base_tokenizer=str(tok_dir))
+    m = merge(root, base=str(legacy), base_tokenizer=str(tracked_tokenizer(root, tok_dir)))
     assert m["guards"]["tokenizer_claim"] == "base_tokenizer"
     assert m["overlap"]["dropped_by_id"] == 5  # it has ids: the same rows are found by id first
     ds, _, _ = load_training_set(root / "data/merged")
@@ -351,6 +418,7 @@ def test_refusals_are_one_line_without_a_traceback(world, capsys):
     write_legacy(root / "data/bases/legacy", base_rows)
     argv = [f"--{k}={v}" for k, v in vars(stage_args(root)).items()]
     for params, message in ((merge_params(base=str(root / "data/bases/legacy")), "nothing says which tokenizer"),
+                            (merge_params(base=str(root / "legacy")), "is outside"),
                             (merge_params(), "run the tokenize stage first")):
         if message.startswith("run the tokenize"):
             shutil.rmtree(root / "data/tokenized")
@@ -379,7 +447,7 @@ def test_real_qwen3_tokenizer_guard(tmp_path, qwen3_tokenizer_dir, tok_dir):
     write_tokenized(tmp_path / "data/tokenized", make_rows(qwen3_tokenizer_dir, ["n0", "n1"], seed=2), info)
     good = tmp_path / "data/bases/good"
     write_legacy(good, make_rows(qwen3_tokenizer_dir, [f"g{i}" for i in range(30)], seed=4, words=40))
-    m = merge(tmp_path, base=str(good), base_tokenizer=str(qwen3_tokenizer_dir))
+    m = merge(tmp_path, base=str(good), base_tokenizer=str(tracked_tokenizer(tmp_path, qwen3_tokenizer_dir)))
     assert m["guards"]["reencode"] == {"checked": 30, "matched": 30}
     bad = tmp_path / "data/bases/bad"
     write_legacy(bad, make_rows(tok_dir, [f"x{i}" for i in range(30)], seed=4, words=40))
@@ -460,13 +528,13 @@ def test_hardlink_across_filesystems_falls_back_to_a_copy(world):
     shm = Path("/dev/shm")
     if not shm.is_dir() or not os.access(shm, os.W_OK) or shm.stat().st_dev == root.stat().st_dev:
         pytest.skip("needs /dev/shm on another filesystem than the test's tmp_path")
-    elsewhere = Path(tempfile.mkdtemp(dir=shm))
+    elsewhere = Path(tempfile.mkdtemp(dir=shm))  # the bases folder this test passes: on another filesystem
     try:
         shutil.copytree(root / "data/bases/r1", elsewhere / "r1")
-        m = merge(root, base=str(elsewhere / "r1"))
+        m = merge(root, base=str(elsewhere / "r1"), bases=elsewhere)
         assert m["carried_by"] == "copy" and m["base_shards_carried"] > 0
         with pytest.raises(CarryError, match="merge.carry: hardlink"):
-            merge(root, base=str(elsewhere / "r1"), carry="hardlink")
+            merge(root, base=str(elsewhere / "r1"), bases=elsewhere, carry="hardlink")
     finally:
         shutil.rmtree(elsewhere)
 

@@ -33,7 +33,8 @@ DVC = str(Path(sys.executable).with_name("dvc"))
 
 # The paths as the project's dvc.yaml passes them (there through its `vars`).
 MERGE_ARGS = ["--tokenized", "data/tokenized", "--target", "data/target/target.json", "--out", "data/merged",
-              "--metrics", "metrics/merge.json", "--report", "reports/merge.json", "--plot", "plots/merge_mix.csv"]
+              "--metrics", "metrics/merge.json", "--report", "reports/merge.json", "--plot", "plots/merge_mix.csv",
+              "--bases", "data/bases"]
 DVC_YAML = f"""\
 stages:
   merge:

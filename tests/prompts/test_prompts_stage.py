@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def env(datasets_dir: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.
         write_raw(rows_to_table(rows), root / "raw" / name)
     target = default_params("target", path=str(qwen3_tokenizer_dir))
     write_target(TargetParams.parse(target, "target"), root / "target")
+    (root / "bases").mkdir()  # the stage's bases folder (merge.base must lie in it), as in a project
     return root
 
 
@@ -159,7 +161,7 @@ def test_an_infeasible_blend_run_as_dvc_runs_it_prints_one_line_and_exits_1(env:
             str(env / "target/target.json"), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
             "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
             "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"),
-            "--drafters", str(env / "drafters")]
+            "--drafters", str(env / "drafters"), "--bases", str(env / "bases")]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main("prompts", PromptsArgs, lambda _: settings, run_prompts, argv)
@@ -211,8 +213,8 @@ SKEWED = ["code"] * 77 + ["math"] * 8 + ["tool_use"] * 5 + ["general"] * 10
 
 
 @pytest.fixture(scope="module")
-def skewed_base(env: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bases") / "skewed"
+def skewed_base(env: Path, qwen3_tokenizer_dir: Path) -> Path:
+    folder = env / "bases" / "skewed"  # where the stage's bases folder keeps it
     write_legacy(folder, chat_rows(qwen3_tokenizer_dir, SKEWED))
     return folder
 
@@ -260,7 +262,7 @@ def test_a_damaged_base_is_refused_by_name_before_its_mix_is_read(env: Path, qwe
                                                                   layout: str) -> None:
     """A shard cut in half, as by a bad copy: a draftline base fails its recorded checksum, another tool's folder
     (no checksum) is named as not a whole Arrow stream; one line either way, nothing written."""
-    base, table = tmp_path / "base", chat_rows(qwen3_tokenizer_dir, SKEWED[:30])
+    base, table = env / "bases" / f"damaged-{layout}", chat_rows(qwen3_tokenizer_dir, SKEWED[:30])
     if layout == "draftline":
         write_tokenized(base, table, write_target_json(tmp_path / "target.json", qwen3_tokenizer_dir), max_shard_bytes=2000)
     else:
@@ -313,7 +315,8 @@ def test_a_bases_prompts_are_never_picked_again_and_the_eval_split_stays(env: Pa
     train1 = [r["id"] for r in _rows(o1 / "prompts/train.jsonl")]
     rows = make_rows(len(train1))
     rows["id"] = train1
-    base = make_merged(tmp_path, rows)  # a draftline dataset whose rows are round 1's prompts
+    # A draftline dataset whose rows are round 1's prompts, where the stage's bases folder keeps it.
+    base = make_merged(tmp_path, rows).rename(env / "bases" / "round1")
     second, o2 = _run(env, "round2", {**BLEND, "total": 17}, base=base)
     train2 = [r["id"] for r in _rows(o2 / "prompts/train.jsonl")]
     assert len(train2) == 17 and not set(train2) & set(train1)
@@ -368,6 +371,26 @@ def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path
     with pytest.raises(Refusal, match=r"evaluated another prompt set: 1 of its \d+ held-out dev prompts .*not-one-of"):
         _run(env, "foreign", {**BLEND, "total": 17, "steer": steer})
     assert not (env / "foreign").exists()
+
+
+def test_a_base_outside_the_bases_folder_is_refused_with_the_fix_before_it_is_read(env: Path, tmp_path: Path,
+                                                                                   skewed_base: Path) -> None:
+    """The stage reads merge.base (its mix, its prompt ids): outside the bases folder DVC tracks for it, a changed
+    base would not rerun it. Refused in one line naming merge.base, its value, the folder and the fix, before any
+    of it is read (a shard of this copy is cut short, which reading would refuse otherwise), nothing written."""
+    from draftline.core.tracked import Untracked
+
+    outside = Path(shutil.copytree(skewed_base, tmp_path / "round0"))
+    shard = outside / fmt.shard_files(outside)[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(Untracked) as refused:
+        _run(env, "base_untracked", {**BLEND, "max_domain_share": 0.9}, base=outside)
+    bases, inside = env / "bases", env / "bases" / "round0"
+    assert str(refused.value) == (
+        f"params.yaml: merge.base ({outside}) is outside {bases}, which DVC tracks for this stage: a change to it "
+        f"would not rerun the stage. Copy it in and track it: cp -r {outside} {inside} && dvc add {inside}; then set "
+        f"merge.base: {inside}")
+    assert not (env / "base_untracked").exists()
 
 
 def test_a_steer_file_outside_the_tracked_folder_is_refused_with_the_fix(env: Path, tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
-"""Files a param names from an earlier round (a drafter, its evaluation) live where DVC tracks them.
+"""Files a param names from an earlier round (a drafter, its evaluation, a base) live where DVC tracks them.
 
 dvc.yaml makes the prompts, generate and train stages depend on ``${paths.drafters}`` (``--drafters``), the folder
-that holds the previous rounds' drafters and evaluations. A file a param names outside it is not a dependency: DVC
-cannot see it change, and a rerun reuses the result made from the old file. So such a path is refused, naming the
-param and the commands that put it where it is tracked.
+that holds the previous rounds' drafters and evaluations, and the prompts and merge stages on ``${paths.bases}``
+(``--bases``), the folder that holds the training sets a round extends (``merge.base``) and the tokenizer a legacy
+one was made with (``merge.base_tokenizer``). A file a param names outside them is not a dependency: DVC cannot see
+it change, and a rerun reuses the result made from the old file. So such a path is refused, before anything is
+read, naming the param and the commands that put it where it is tracked.
 """
 
 from __future__ import annotations

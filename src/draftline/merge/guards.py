@@ -165,34 +165,52 @@ def apply_casts(table: pa.Table, plan: CastPlan, digests: np.ndarray | None = No
     return build_table(ids, sources, offsets, tokens, mask)
 
 
-def check_tokenizer_claim(
-    base_meta: Any | None,
-    new_meta: Any,
-    base_tokenizer_fingerprint: str | None,
-    assume_same_tokenizer: bool,
-    where: str,
-    claimed_by: str = "base_tokenizer",
-) -> str:
-    """Decide whether the base may claim the new data's tokenizer; return how the claim was made.
+# The fix for a base of another tokenizer: its ids cannot be translated, only remade from its text.
+REMAKE_BASE = "set merge.base to a set tokenized with the target, or tokenize the base's conversations with it"
 
-    ``base_meta`` is the base's :class:`DatasetMeta` (None for a legacy folder). Every compatibility field of
-    its ``draftline.json`` must match the new data's; a legacy base needs ``merge.base_tokenizer`` (whose
-    fingerprint must match) or ``merge.assume_same_tokenizer``.
+
+@dataclass(frozen=True)
+class Claim:
+    """What says which tokenizer made a base that has no ``draftline.json``: ``by`` (the report's
+    ``tokenizer_claim``: export.json or base_tokenizer), the fingerprint it gives, and, for its refusal, the
+    ``subject`` that names the param and what says so, and the ``fix``."""
+
+    by: str
+    fingerprint: str
+    subject: str
+    fix: str = REMAKE_BASE
+
+
+def check_fingerprint(subject: str, claimed: str, target: str, fix: str = REMAKE_BASE) -> None:
+    """Refuse a base whose tokenizer fingerprint, as ``subject`` (the param, what says so) gives it, is not the
+    target's: one line naming both fingerprints (12 hex digits, as every lineage refusal gives them) and the fix."""
+    if claimed != target:
+        raise MergeGuardError(f"params.yaml: {subject} tokenizer fingerprint {claimed[:12]}, the target's is "
+                              f"{target[:12]}: the base's token ids mean other tokens under the target; {fix}")
+
+
+def check_tokenizer_claim(
+    base_meta: Any | None, new_meta: Any, claim: Claim | None, assume_same_tokenizer: bool, base: str
+) -> str:
+    """Decide whether the base (``merge.base``: ``base``) may claim the new data's tokenizer, which is the
+    target's (the stage refuses new data of another before any base is opened); return how the claim was made.
+
+    ``base_meta`` is the base's :class:`DatasetMeta` (None without ``draftline.json``): its tokenizer fingerprint,
+    then every other compatibility field, must match the new data's. A base without one needs a ``claim`` (its
+    ``export.json``, or ``merge.base_tokenizer``) of the target's fingerprint, or ``merge.assume_same_tokenizer``.
     """
+    where = f"merge.base {base}"
     if base_meta is not None:
+        check_fingerprint(f"merge.base ({base}) was made, says its draftline.json, with", base_meta.tokenizer_fingerprint,
+                          new_meta.tokenizer_fingerprint)
         try:
             base_meta.check_compatible(new_meta, what=f"the base {where} and the new data")
         except ValueError as e:
             raise MergeGuardError(str(e)) from None
         return "draftline.json"
-    if base_tokenizer_fingerprint is not None:
-        if base_tokenizer_fingerprint != new_meta.tokenizer_fingerprint:
-            raise MergeGuardError(
-                f"the base {where} was made, says {claimed_by}, with a tokenizer of fingerprint {base_tokenizer_fingerprint[:12]}, "
-                f"the new data with another tokenizer ({new_meta.tokenizer_fingerprint[:12]}): their ids do not mean "
-                "the same tokens; re-tokenize the base with the target"
-            )
-        return claimed_by
+    if claim is not None:
+        check_fingerprint(claim.subject, claim.fingerprint, new_meta.tokenizer_fingerprint, claim.fix)
+        return claim.by
     if assume_same_tokenizer:
         return "assumed"
     raise MergeGuardError(

@@ -42,8 +42,11 @@ from draftline.core.mix import Mix, folder_mix, num_tokens_of, shares, tables_mi
 from draftline.core.records import TargetInfo
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.target import load_target, load_tokenizer
+from draftline.core.tracked import require_tracked
 from draftline.merge.carry import Carrier, make_read_only
 from draftline.merge.guards import (
+    REMAKE_BASE,
+    Claim,
     MergeGuardError,
     apply_casts,
     check_reencoded,
@@ -60,18 +63,28 @@ log = get_logger(__name__)
 def _check_claim(params: MergeParams, base: Part, new_meta: fmt.DatasetMeta) -> str:
     """The base's tokenizer claim (see :func:`draftline.merge.guards.check_tokenizer_claim`); returns how it was made:
     its draftline.json, the export.json of a base in another trainer's format, merge.base_tokenizer, or assumed."""
+    claim = None
     if base.meta is None and base.claimed_fingerprint is not None:
-        return check_tokenizer_claim(None, new_meta, base.claimed_fingerprint, False, base.where, "export.json")
-    claimed_fp = None
-    if base.meta is None and params.base_tokenizer:
-        from transformers import AutoTokenizer
+        claim = Claim("export.json", base.claimed_fingerprint, f"merge.base ({params.base}) was made, says its "
+                      "export.json, with")
+    elif base.meta is None and params.base_tokenizer:
+        # A wrong tokenizer named is as likely as a base of another one, so the fix covers both.
+        claim = Claim("base_tokenizer", _fingerprint_of(params.base_tokenizer),
+                      f"merge.base_tokenizer ({params.base_tokenizer}), named as the maker of merge.base ({params.base}),"
+                      " has", f"{REMAKE_BASE}; if the target's tokenizer made the base, set merge.base_tokenizer: null "
+                      "and merge.assume_same_tokenizer: true (the re-encode check still runs)")
+    return check_tokenizer_claim(base.meta, new_meta, claim, params.assume_same_tokenizer, params.base)
 
-        base_tok = AutoTokenizer.from_pretrained(params.base_tokenizer, local_files_only=True)
-        try:
-            claimed_fp = tokenizer_fingerprint(params.base_tokenizer, base_tok.chat_template)
-        except ValueError as e:
-            raise MergeGuardError(f"merge.base_tokenizer {params.base_tokenizer}: {e}") from None
-    return check_tokenizer_claim(base.meta, new_meta, claimed_fp, params.assume_same_tokenizer, base.where)
+
+def _fingerprint_of(tokenizer: str) -> str:
+    """The fingerprint of the tokenizer folder ``merge.base_tokenizer`` names (files + the template it uses)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    try:
+        return tokenizer_fingerprint(tokenizer, tok.chat_template)
+    except ValueError as e:
+        raise MergeGuardError(f"merge.base_tokenizer {tokenizer}: {e}") from None
 
 
 def _start_reencode(params: MergeParams, base: Part, info: TargetInfo) -> Callable[[], dict]:
@@ -317,18 +330,21 @@ def mix_report(staged: list[fmt.ShardInfo], entries: dict[str, Mix], base_rows: 
 class MergeArgs(StageArgs):
     """``stages/merge.py``'s paths (dvc.yaml passes them): the tokenize stage's folder, the target's
     ``target.json``, the merged folder written, the headline metrics and the mix plot. The base is ``merge.base``
-    (a param)."""
+    (a param), which must lie under ``bases``, as must ``merge.base_tokenizer``."""
 
     tokenized: Path
     target: Path
     out: Path
     metrics: Path
     plot: Path
+    bases: Path  # where the bases and their tokenizers live (a dependency of the stage)
 
 
 def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
     """The whole stage. Raises :class:`MergeGuardError`, leaving ``args.out`` as it was, when the base does not
     fit the new data."""
+    require_tracked(p.base, args.bases, "merge.base")
+    require_tracked(p.base_tokenizer, args.bases, "merge.base_tokenizer")
     info = load_target(args.target)
     if not (Path(args.tokenized) / fmt.META_FILE).is_file():
         raise MissingInput(f"{Path(args.tokenized) / fmt.META_FILE} is missing: {args.tokenized} is not a tokenized "

@@ -240,6 +240,7 @@ class PromptsArgs(StageArgs):
     plot_shares: Path
     plot_languages: Path
     drafters: Path  # where earlier rounds' drafters and evaluations live (a dependency of the stage)
+    bases: Path  # where merge.base lives (a dependency of the stage)
 
 
 def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
@@ -248,6 +249,7 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     order = list(p.sources)
     _check_names(order, p.dedup, p.blend)
     require_tracked(p.blend.steer.eval if p.blend.steer else None, args.drafters, "blend.steer.eval")
+    require_tracked(p.base, args.bases, "merge.base")
     records, reports = collect(order, p.prompts, args.conversations)
     kept = deduplicate(records, reports, p.dedup, order)
     target = load_target(args.target)
