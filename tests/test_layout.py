@@ -143,9 +143,9 @@ def command_mismatches(stages) -> list[str]:
 
 
 # Declared deps that no argument names, on purpose: where the embedded default's sources live (a param, per source,
-# names the file) and where train.init_from's starting drafter lives (a param names it). data/bases is passed
-# (--bases) wherever it is declared: merge.base and merge.base_tokenizer are refused outside it.
-OPTIONAL_DEPS = {"data/samples", "data/drafters"}
+# names the file). data/drafters (--drafters) and data/bases (--bases) are passed wherever they are declared: the
+# params that name files there are refused outside them (core/tracked.py).
+OPTIONAL_DEPS = {"data/samples"}
 
 
 def test_every_command_passes_exactly_its_declared_paths() -> None:
