@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 # What makes the embedded default quick enough for a test; every other value is the shipped default.
 SHRINK = {
     "target": {"embedded": {"steps": 150, "warmup_steps": 15, "held_out": 2, "greedy_tokens": 24}},
-    "blend": {"total": 300, "eval": {"dev": 1, "test": 2}},  # above http_traces (whole: true)
+    "blend": {"total": 400, "eval": {"dev": 1, "test": 2}},  # above http_traces (whole: true, 357 prompts)
     "generate": {"max_tokens": 48},
     "train": {"max_steps": 40, "save_every": 20},
     "evaluate": {"max_prompts_per_source": 1, "max_new_tokens": 24,

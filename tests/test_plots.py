@@ -37,6 +37,22 @@ def test_every_template_exists_and_categories_are_bars() -> None:
         assert template in BUILT_IN or custom.is_file(), f"{name}: no template {template}"
         if custom.is_file():
             body = json.loads(custom.read_text())
-            assert body["mark"]["type"] == "bar" and "<DVC_METRIC_DATA>" in json.dumps(body)
+            marks = [layer["mark"]["type"] for layer in body.get("layer", [body])]
+            assert "<DVC_METRIC_DATA>" in json.dumps(body), f"{template}: DVC cannot fill it"
+            assert name not in CATEGORICAL or marks == ["bar"], f"{name}: a category plot needs bars, not {marks}"
         if name in CATEGORICAL:
             assert template.startswith("bar") or template in ("stacked_bars", "grouped_bars", "columns"), name
+
+
+def test_the_error_bar_plot_reads_columns_the_evaluate_stage_writes() -> None:
+    """The interval plot's template names its bounds and colour by field (low, high, split): each must be a column of
+    evaluate's interval CSV, as the plot's x and y are."""
+    from draftline.evaluate.report import INTERVAL_COLUMNS
+
+    spec = _plots()["acceptance_intervals"]
+    body = json.loads((REPO / ".dvc" / "plots" / f"{spec['template']}.json").read_text())
+    fields = {v["field"] for layer in body["layer"] for v in layer["encoding"].values() if "field" in v}
+    fields |= {v["field"] for v in body["encoding"].values() if "field" in v}
+    named = {f for f in fields if not f.startswith("<DVC_") and f != "rev"}  # rev: DVC's own column
+    assert {spec["x"], spec["y"]} | named <= set(INTERVAL_COLUMNS), named - set(INTERVAL_COLUMNS)
+    assert {"low", "high", "split"} <= named
