@@ -282,6 +282,7 @@ def test_a_damaged_base_is_refused_by_name_before_its_mix_is_read(env: Path, qwe
     ({"per_source": {"glaive": 4.0}}, "per_source.glaive is 4.0"),
     ({"per_source": {"glaive": {"acceptance": "high"}}}, "per_source.glaive.acceptance is 'high'"),
     ({"per_source": {"other_source": {"acceptance": 3.0}}}, "measured none of the weighted sources"),
+    ({"splits": {"dev": {"sampled": ["not", "figures"]}}}, "has no per-source figures in"),
 ])
 def test_steer_refuses_an_evaluation_it_cannot_use_in_one_line(env: Path, tmp_path: Path, change: dict, why: str
                                                               ) -> None:
@@ -327,7 +328,7 @@ def test_a_bases_prompts_are_never_picked_again_and_the_eval_split_stays(env: Pa
 
 def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path) -> None:
     from draftline.core.splits import split_of
-    from draftline.prompts.steer import read_evaluation, steer_factors
+    from draftline.prompts.steer import check_prompt_set, read_evaluation, steer_factors
 
     plain, o = _run(env, "unsteered", {**BLEND, "total": 17})
     dev_ids = [r["id"] for r in _rows(o / "prompts/eval.jsonl") if split_of(r["id"]) == "dev"]
@@ -371,6 +372,11 @@ def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path
     with pytest.raises(Refusal, match=r"evaluated another prompt set: 1 of its \d+ held-out dev prompts .*not-one-of"):
         _run(env, "foreign", {**BLEND, "total": 17, "steer": steer})
     assert not (env / "foreign").exists()
+    # One that does not say which prompts it measured is refused too, not taken on trust.
+    for requests in (None, ["heldout/x#0"]):
+        dev["sampled"]["per_request"] = requests
+        with pytest.raises(Refusal, match="no per-request figures in its dev split"):
+            check_prompt_set(dev, "sampled", set(dev_ids), report)
 
 
 def test_a_base_outside_the_bases_folder_is_refused_with_the_fix_before_it_is_read(env: Path, tmp_path: Path,

@@ -60,7 +60,7 @@ def steer_factors(weights: Mapping[str, float], dev: Mapping[str, Any], setting:
     """Per weighted source: its acceptance on ``dev`` (None where unmeasured) and its weight factor under the rule
     above. Refused in one line: a setting without per-source figures, a malformed source figure, and an evaluation
     that measured none of the weighted sources (steering would silently be off)."""
-    if setting not in dev or not isinstance(dev[setting].get("per_source"), dict):
+    if not isinstance(dev.get(setting), dict) or not isinstance(dev[setting].get("per_source"), dict):
         raise Refusal(f"blend.steer.setting {setting!r} has no per-source figures in {path}'s dev split; it has "
                       f"{sorted(dev)}")
     acceptance = {s: source_acceptance(dev[setting]["per_source"], s, path) for s in weights}
@@ -77,9 +77,13 @@ def steer_factors(weights: Mapping[str, float], dev: Mapping[str, Any], setting:
 def check_prompt_set(dev: Mapping[str, Any], setting: str, dev_ids: set[str], path: Path) -> None:
     """The evaluation's held-out dev prompts must be this stage's: another prompt set (other samples, seed or
     ``blend.eval`` quotas) measured other prompts, and its per-source figures would steer by them. Refused in one
-    line, naming both counts and a prompt of theirs that is not ours."""
-    theirs = {key.split("/", 1)[1].rsplit("#", 1)[0] for key in dev[setting].get("per_request", {})
-              if key.startswith("heldout/")}
+    line, naming both counts and a prompt of theirs that is not ours; so is one that does not say which prompts it
+    measured (no per-request figures)."""
+    requests = dev[setting].get("per_request")
+    if not isinstance(requests, dict):
+        raise Refusal(f"blend.steer.eval: {path} has no per-request figures in its dev split, so which prompts it "
+                      "measured is unknown: evaluate that drafter again (dvc repro evaluate) and keep the new report")
+    theirs = {key.split("/", 1)[1].rsplit("#", 1)[0] for key in requests if key.startswith("heldout/")}
     foreign = sorted(theirs - dev_ids)
     if foreign:
         raise Refusal(f"blend.steer.eval: {path} evaluated another prompt set: {len(foreign)} of its {len(theirs)} "
