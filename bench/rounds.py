@@ -1,25 +1,28 @@
-"""Rounds that feed each other, on the embedded default: the README's round sequence, measured.
+"""Rounds that feed each other, on the embedded default: the README's round sequence, measured arm by arm.
 
 Per target seed, in a temporary git + DVC clone of this repository (tests/project_clone.py):
 
-1. **round 1**: ``dvc repro`` as shipped but for ``blend.total`` (``--round1-total``, 600: the shipped 1,200
-   leaves round 2 nothing to steer in the samples, see ROUND1_TOTAL); its merged set, drafter and evaluation kept as the README says
-   (``data/bases/round1``, ``data/drafters/round1`` and its ``eval.json``), committed, tagged ``round1`` and pushed
-   to a local DVC remote;
-2. **round 2, warm**: ``dvc exp run`` with ``merge.base`` = round 1's merged set, ``train.init_from`` and
-   ``generate.draft_model`` = round 1's drafter, the blend steered by round 1's evaluation (``blend.steer``),
-   ``--round2-total`` new prompts, round 1's train steps; and the same with a third of them (does a warm start
-   reach round 1's tau in a third of the steps?);
-3. **round 2, cold**: the same base and new-prompt budget, no init, no steering, no drafter, round 1's steps;
-4. rollback: ``git checkout round1 && dvc checkout`` gives round 1's merged set and drafter back byte-identical.
+1. **round 1**: ``dvc repro`` as shipped but for ``blend.total`` (``--round1-total``, see ROUND1_TOTAL); its merged
+   set, drafter and evaluation kept as the README says (``data/bases/round1``, ``data/drafters/round1`` and its
+   ``eval.json``), committed, tagged ``round1`` and pushed to a local DVC remote;
+2. **round 2, one arm at a time** (ARMS), each a ``dvc exp run`` on round 1's merged set (``merge.base``) with the
+   same budget: ``--round2-total`` new prompts and round 1's train steps. ``cold``: nothing of round 1 but its data;
+   ``warm``: ``train.init_from`` and ``generate.draft_model`` = round 1's drafter; ``steered``: the blend steered by
+   round 1's evaluation (``blend.steer``, which reads its ``dev`` split); ``warm + steered``: both. The drafter in
+   generation changes how many target forwards a reply costs, not what the replies are drawn from (verification is
+   lossless), so ``warm`` differs from ``cold`` in its data only by the random draws of sampling;
+   ``--third`` adds ``warm + steered`` at a third of the steps (does a warm start reach round 1's tau sooner?);
+3. rollback: ``git checkout round1 && dvc checkout`` gives round 1's merged set and drafter back byte-identical.
 
-It prints, each round 2 against round 1: z-lab's acceptance greedy and sampled, overall (held-out) and per source,
-the pooled tau and whether it reaches round 1's; the weakest source; the train steps; the target forwards saved
-during generation (the drafter's acceptance there); new prompts picked that were already in the base; how much the
-merged set (the data version the next round builds on: its workspace files and cache objects) grew per new shard
-byte, and how much everything the round wrote did; and whether the rollback restored round 1 byte for byte.
+It prints, per seed, every arm's z-lab acceptance on the ``test`` split (never read by a decision), greedy and
+sampled, overall and per source, with the evaluate stage's 95% interval; the target forwards saved in generation;
+new prompts picked that were already in the base; how much the merged set grew per new shard byte; whether the
+rollback restored round 1 byte for byte. Then, pooled over the seeds' requests, each arm minus ``cold`` on the same
+test requests (a seeded paired bootstrap, ``draftline.evaluate.intervals``), overall and on each seed's weakest
+source by round 1's ``dev`` figure (the source steering is for).
 
-    nice -n 10 python bench/rounds.py --seeds 0 1      # about 40 minutes a seed on a quiet 2-core machine
+    nice -n 10 python bench/rounds.py --seeds 0 --out /tmp/rounds-seed0.json   # about 40 minutes a seed
+    python bench/rounds.py --pool /tmp/rounds-seed*.json                        # the pooled table
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from project_clone import digest, make_project, run
 
 SPLIT = "test"  # the rounds' figures are reported, not used to pick a default (core/splits.py)
 
-# The embedded samples hold 1,730 train prompts after the eval split; the shipped round 1 (1,200) leaves 530, 500
-# of them metamathqa's: nothing to steer. Round 1 at 600 leaves every weighted source rows to choose from.
+# The embedded samples hold 2,514 train prompts after the eval split (reports/prompts.json). Round 1 at 600 (not
+# the shipped 1,200) leaves every source rows for round 2 to choose from, steered or not.
 ROUND1_TOTAL = 600
 ROUND2_TOTAL = 300
 
@@ -80,14 +83,23 @@ def growth(root: Path, before: dict[int, int]) -> dict[str, int]:
 
 
 def figures(root: Path) -> dict[str, Any]:
-    """Acceptance per setting (held-out and per source), tau, train steps, generation's drafter figures."""
-    settings = json.loads((root / "reports/eval.json").read_text())["splits"][SPLIT]
+    """Per setting on the test split: acceptance with its interval, tau, per source, and every request's figure
+    (for the pooled paired comparison); the dev split's per-source figures (what picks the weakest source); train
+    steps and generation's drafter figures."""
+    from draftline.evaluate.intervals import request_acceptance
+
+    report = json.loads((root / "reports/eval.json").read_text())["splits"]
+    with open(root / "plots/eval_steps.jsonl", encoding="utf-8") as f:
+        steps = [json.loads(line) for line in f]
     generate = json.loads((root / "reports/generate.json").read_text())
     out: dict[str, Any] = {"steps": json.loads((root / "metrics/train.json").read_text())["steps"],
                            "generation": generate.get("speculative")}
-    for name, s in settings.items():
-        out[name] = {"acceptance": s["per_set"]["heldout"]["acceptance"], "tau": s["per_set"]["heldout"]["tau"],
-                     "per_source": {k: v["acceptance"] for k, v in s["per_source"].items()}}
+    for name, s in report[SPLIT].items():
+        heldout = s["per_set"]["heldout"]
+        out[name] = {"acceptance": heldout["acceptance"], "ci": heldout["acceptance_ci"], "tau": heldout["tau"],
+                     "per_source": {k: v["acceptance"] for k, v in s["per_source"].items()},
+                     "dev_per_source": {k: v["acceptance"] for k, v in report["dev"][name]["per_source"].items()},
+                     "requests": request_acceptance(steps, name, split=SPLIT)}
     return out
 
 
@@ -117,16 +129,19 @@ def keep_round1(root: Path, env: dict[str, str]) -> None:
     run(["dvc", "push", "-q"], root, env)
 
 
-def round2(root: Path, env: dict[str, str], total: int, steps: int, warm: bool) -> dict[str, Any]:
+# What each arm takes from round 1 (``dvc exp run -S`` values); every arm also has round 1's merged set as its base.
+WARM = ("train.init_from=data/drafters/round1", "generate.draft_model=data/drafters/round1")
+STEER = ("blend.steer={eval: data/drafters/round1.eval.json, setting: sampled, strength: 1.0}",)
+ARMS = {"cold": (), "warm": WARM, "steered": STEER, "warm + steered": WARM + STEER}
+
+
+def round2(root: Path, env: dict[str, str], total: int, steps: int, sets: tuple[str, ...]) -> dict[str, Any]:
     """One round 2 as a ``dvc exp run`` on top of round 1: its figures, new-prompt and growth counts; the workspace
     is put back to round 1 afterwards."""
-    sets = ["-S", "merge.base=data/bases/round1", "-S", f"blend.total={total}", "-S", f"train.max_steps={steps}"]
-    if warm:
-        sets += ["-S", "train.init_from=data/drafters/round1", "-S", "generate.draft_model=data/drafters/round1",
-                 "-S", "blend.steer={eval: data/drafters/round1.eval.json, setting: sampled, strength: 1.0}"]
+    args = ["merge.base=data/bases/round1", f"blend.total={total}", f"train.max_steps={steps}", *sets]
     before = inodes(root)
     t0 = time.perf_counter()
-    run(["dvc", "exp", "run", *sets], root, env, timeout=7200)
+    run(["dvc", "exp", "run", *(x for a in args for x in ("-S", a))], root, env, timeout=7200)
     out = figures(root)
     out["seconds"] = round(time.perf_counter() - t0)
     # The round's new rows: the merged set's shards that are not the base's (carried ones share its inodes).
@@ -140,7 +155,7 @@ def round2(root: Path, env: dict[str, str], total: int, steps: int, warm: bool) 
     return out
 
 
-def measure(seed: int, round1_total: int, total: int) -> dict[str, Any]:
+def measure(seed: int, round1_total: int, total: int, third: bool) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"rounds-seed{seed}-"))
     try:
         env = make_project(root, {"target": {"seed": seed}, "blend": {"total": round1_total}})
@@ -148,10 +163,11 @@ def measure(seed: int, round1_total: int, total: int) -> dict[str, Any]:
         r1 = figures(root)
         merged, drafter = digest(root / "data/merged"), digest(root / "data/checkpoints")
         keep_round1(root, env)
-        runs = {"round 1": r1,
-                "round 2 warm + steered": round2(root, env, total, r1["steps"], warm=True),
-                "round 2 warm + steered, 1/3 steps": round2(root, env, total, r1["steps"] // 3, warm=True),
-                "round 2 cold": round2(root, env, total, r1["steps"], warm=False)}
+        runs = {"round 1": r1}
+        for arm, sets in ARMS.items():
+            runs[arm] = round2(root, env, total, r1["steps"], sets)
+        if third:
+            runs["warm + steered, 1/3 steps"] = round2(root, env, total, r1["steps"] // 3, WARM + STEER)
         run(["git", "checkout", "-q", "round1"], root, env)
         run(["dvc", "checkout", "--force", "-q"], root, env)
         restored = digest(root / "data/merged") == merged and digest(root / "data/checkpoints") == drafter
@@ -161,19 +177,24 @@ def measure(seed: int, round1_total: int, total: int) -> dict[str, Any]:
         shutil.rmtree(root.parent / f"{root.name}-remote", ignore_errors=True)
 
 
+def weakest(r1: dict[str, Any], setting: str) -> str:
+    """Round 1's weakest source on the dev split: the one steering is for (read from dev, as any decision is)."""
+    dev = r1[setting]["dev_per_source"]
+    return min(dev, key=dev.get)
+
+
 def report(r: dict[str, Any]) -> str:
+    """One seed: every arm's test figures (with the evaluate stage's interval) and its bookkeeping."""
     runs = r["runs"]
     r1 = runs["round 1"]
-    rows = [[f"{s} acceptance (tau)"] + [f"{x[s]['acceptance']:.2f} ({x[s]['tau']:.2f})" for x in runs.values()]
-            for s in ("greedy", "sampled")]
-    rows.append(["reaches round 1's tau, greedy / sampled"] + ["-"] + [
-        f"{x['greedy']['tau'] >= r1['greedy']['tau']} / {x['sampled']['tau'] >= r1['sampled']['tau']}"
-        for x in list(runs.values())[1:]])
+    rows = [[f"{s}, test (95% interval)"] + [f"{x[s]['acceptance']:.2f} [{x[s]['ci'][0]:.2f}, {x[s]['ci'][1]:.2f}]"
+                                            for x in runs.values()] for s in ("greedy", "sampled")]
+    rows.append(["tau greedy / sampled"] + [f"{x['greedy']['tau']:.2f} / {x['sampled']['tau']:.2f}"
+                                            for x in runs.values()])
     for source in sorted(r1["sampled"]["per_source"]):
-        rows.append([f"{source}, sampled"] + [f"{x['sampled']['per_source'].get(source, 0):.2f}" for x in runs.values()])
-    weakest = {k: min(x["sampled"]["per_source"].values()) for k, x in runs.items()}
-    rows.append(["weakest source, sampled (vs round 1's)"] + [
-        f"{w:.2f}" + ("" if k == "round 1" else f" ({w / weakest['round 1'] - 1:+.1%})") for k, w in weakest.items()])
+        rows.append([f"{source}, greedy / sampled"] + [
+            f"{x['greedy']['per_source'].get(source, 0):.2f} / {x['sampled']['per_source'].get(source, 0):.2f}"
+            for x in runs.values()])
     rows.append(["train steps"] + [str(x["steps"]) for x in runs.values()])
     rows.append(["generation: acceptance / forwards saved"] + [
         "-" if not x.get("generation") else f"{x['generation']['acceptance']:.2f} / {x['generation']['forwards_saved']:.0%}"
@@ -182,26 +203,65 @@ def report(r: dict[str, Any]) -> str:
     rows.append(["new prompts already in the base"] + ["-"] + [str(x["picked_again"]) for x in later])
     rows.append(["merged set growth (workspace + cache) / new shard byte"] + ["-"] + [
         f"{x['growth']['merged']} ({x['new_shard_bytes']} B)" for x in later])
-    rows.append(["all the round's outputs (completions, rows, drafter, ...) / new shard byte"] + ["-"] + [
-        str(x["growth"]["all"]) for x in later])
     rows.append(["round wall seconds"] + ["-"] + [str(x["seconds"]) for x in later])
     header = ["", *runs]
-    lines = [f"seed {r['seed']}, round 1 = {r['round1_total']} prompts, round 2 = {r['round2_total']} new ones: "
-             f"rollback to round 1 byte-identical: "
-             f"{r['restored']}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [f"seed {r['seed']}, round 1 = {r['round1_total']} prompts, round 2 = {r['round2_total']} new ones; "
+             f"round 1's weakest source on dev (sampled): {weakest(r1, 'sampled')}; rollback to round 1 "
+             f"byte-identical: {r['restored']}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def requests(result: dict[str, Any], arm: str, setting: str, only_weakest: bool) -> dict[str, tuple[str, float]]:
+    """An arm's per-request test figures keyed ``<seed>/<request>``, or those of the seed's weakest source."""
+    src = weakest(result["runs"]["round 1"], setting)
+    return {f"{result['seed']}/{k}": v for k, v in result["runs"][arm][setting]["requests"].items()
+            if not only_weakest or v[0] == src}
+
+
+def pooled(results: list[dict[str, Any]], resamples: int = 10_000) -> str:
+    """Each arm minus ``cold``, paired over the same test requests of every seed, overall and on each seed's
+    weakest source (round 1's dev figure), greedy and sampled."""
+    from draftline.evaluate.intervals import compare
+
+    arms = [a for a in results[0]["runs"] if a not in ("round 1", "cold") and all(a in r["runs"] for r in results)]
+    header = ["arm minus cold", *(f"{s}, {w}" for s in ("greedy", "sampled") for w in ("overall", "weakest source"))]
+    rows = []
+    for arm in arms:
+        cells = []
+        for setting in ("greedy", "sampled"):
+            for only in (False, True):
+                a, b = {}, {}
+                for r in results:
+                    a.update(requests(r, arm, setting, only))
+                    b.update(requests(r, "cold", setting, only))
+                iv = compare(a, b, None, resamples, 0.95, 0)
+                cells.append(f"{iv.estimate:+.2f} [{iv.low:+.2f}, {iv.high:+.2f}] (n={iv.n})")
+        rows.append([arm, *cells])
+    seeds = ", ".join(str(r["seed"]) for r in results)
+    lines = [f"Pooled over target seeds {seeds} (test split, {resamples} resamples, 95%):", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--round1-total", type=int, default=ROUND1_TOTAL, help="round 1's blend.total (shipped: 1200)")
     ap.add_argument("--round2-total", type=int, default=ROUND2_TOTAL, help="new prompts in round 2")
+    ap.add_argument("--third", action="store_true", help="add warm + steered at a third of round 1's steps")
+    ap.add_argument("--out", type=Path, default=None, help="write the seeds' results here (JSON lines)")
+    ap.add_argument("--pool", type=Path, nargs="*", default=[], help="results written by --out to pool with these")
     args = ap.parse_args()
-    for seed in args.seeds:
-        result = measure(seed, args.round1_total, args.round2_total)
-        print(json.dumps(result), flush=True)
+    results = [json.loads(line) for f in args.pool for line in f.read_text().splitlines()]
+    for seed in args.seeds if not args.pool else []:
+        result = measure(seed, args.round1_total, args.round2_total, args.third)
+        if args.out:
+            with open(args.out, "a", encoding="utf-8") as f:
+                f.write(json.dumps(result) + "\n")
         print(report(result), flush=True)
+        results.append(result)
+    if results:
+        print(pooled(results), flush=True)
 
 
 if __name__ == "__main__":
