@@ -212,8 +212,9 @@ def report(r: dict[str, Any]) -> str:
 
 
 def requests(result: dict[str, Any], arm: str, setting: str, only_weakest: bool) -> dict[str, tuple[str, float]]:
-    """An arm's per-request test figures keyed ``<seed>/<request>``, or those of the seed's weakest source."""
-    src = weakest(result["runs"]["round 1"], setting)
+    """An arm's per-request test figures keyed ``<seed>/<request>``, or those of the seed's weakest source (the one
+    steering is for: by the sampled dev figure, as STEER reads it, whichever setting is compared)."""
+    src = weakest(result["runs"]["round 1"], "sampled")
     return {f"{result['seed']}/{k}": v for k, v in result["runs"][arm][setting]["requests"].items()
             if not only_weakest or v[0] == src}
 
