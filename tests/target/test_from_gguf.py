@@ -20,10 +20,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from draftline.core.errors import MissingInput, Refusal  # noqa: E402
 from draftline.core.fingerprint import sha256_file  # noqa: E402
 from draftline.core.params import ParamsError  # noqa: E402
+from draftline.core.runner import execute  # noqa: E402
 from draftline.core.target import load_model, load_target, load_tokenizer  # noqa: E402
 from draftline.target.from_gguf import convert_gguf, find_gguf, gguf_model_fingerprint  # noqa: E402
 from draftline.target.params import TargetParams  # noqa: E402
-from draftline.target.stage import write_target  # noqa: E402
+from draftline.target.stage import TargetArgs, run_target, write_target  # noqa: E402
 
 LAYERS, HIDDEN, FFN, HEADS, KV_HEADS = 2, 64, 128, 4, 2
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|reserved_0|>"]
@@ -173,10 +174,14 @@ def test_an_architecture_transformers_cannot_load_is_refused_in_one_line(tmp_pat
 def test_the_stage_converts_a_gguf_into_model_and_records_it(converted, tmp_path):
     file, model_dir, record = converted
     params = TargetParams.parse(default_params("target", path=str(file.parent)), "target")
-    write_target(params, tmp_path / "target")
+    args = TargetArgs(conversations=tmp_path / "absent", out=tmp_path / "target", metrics=tmp_path / "metrics.json",
+                      report=tmp_path / "report.json", plot=tmp_path / "loss.csv")
+    execute("target", run_target, params, args)
     assert files(tmp_path / "target" / "model") == files(model_dir)
     data = json.loads((tmp_path / "target" / "target.json").read_text())
     assert data["gguf"] == record.to_dict() and data["path"] == "model" and not data["embedded"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["gguf"] == record.to_dict() and report["num_hidden_layers"] == LAYERS
     info = load_target(tmp_path / "target" / "target.json")
     assert (info.num_hidden_layers, info.hidden_size, info.end_of_turn_token) == (LAYERS, HIDDEN, "<|im_end|>")
     tok = load_tokenizer(info)
