@@ -1,9 +1,11 @@
-"""The target stage's params: ``target`` of params.yaml, and ``target.embedded`` (the size and training budget of
-the embedded target). No torch import here: a real checkpoint's run never loads the build."""
+"""The target stage's params: ``target`` of params.yaml, ``target.embedded`` (the size and training budget of
+the embedded target) and ``target.gguf_dtype`` (the dtype a GGUF target is converted to). No torch import here: a
+real checkpoint's run never loads the build."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from draftline.core.params import Params, ParamsError, optional
 
@@ -57,6 +59,8 @@ class TargetParams(Params):
     seed: int
     # Read only for the embedded target: a real checkpoint's params.yaml may leave it out.
     embedded: EmbeddedParams | None = optional()
+    # Read only for a GGUF target (the dtype its weights are dequantized to): other targets may leave it out.
+    gguf_dtype: Literal["float32", "bfloat16", "float16"] | None = optional()
 
 
 def load(_args=None) -> TargetParams:

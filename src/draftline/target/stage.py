@@ -1,8 +1,10 @@
 """The ``target`` stage: describe the target model once, in its folder's ``target.json``, for every later stage.
 
 ``target.path`` is either a Hugging Face checkpoint folder, used in place (never copied; a folder with only
-tokenizer files is enough for the CPU stages), or ``embedded``: a tiny Qwen3-style target trained here from every
-source's conversations and saved under ``model/`` in the stage's folder.
+tokenizer files is enough for the CPU stages), a GGUF file (or a folder holding one): converted once into an HF
+folder under ``model/`` in the stage's folder and fingerprinted by its bytes (``target.json: gguf``;
+:mod:`draftline.target.from_gguf`), or ``embedded``: a tiny Qwen3-style target trained here from every source's
+conversations and saved under ``model/`` in the stage's folder.
 
 Later stages use :mod:`draftline.core.target` (``load_target``, then ``load_tokenizer`` / ``load_model``): nothing
 else needs to know where the target lives or whether it is the embedded one. The folder is written at once or
@@ -11,6 +13,7 @@ not at all.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.target import TARGET_JSON, load_target
 from draftline.target.describe import describe_target
+from draftline.target.from_gguf import convert_gguf, gguf_model_fingerprint, gguf_target
 from draftline.target.params import TargetParams
 
 if TYPE_CHECKING:
@@ -57,11 +61,12 @@ def write_target(
     skips: Skips | None = None,
 ) -> EmbeddedBuild | None:
     """Write ``target_dir`` at once (or not at all): ``target.json``, and for the embedded target ``model/`` and
-    ``held_out.jsonl`` (its greedy replies to the held-out prompts), trained on ``conversations`` (consumed only then). Returns the embedded build, if any.
+    ``held_out.jsonl`` (its greedy replies to the held-out prompts), trained on ``conversations`` (consumed only then);
+    for a GGUF target ``model/``, converted from it, and ``target.json: gguf``. Returns the embedded build, if any.
     """
     target_dir = Path(target_dir)
     path, mask_token_id, hash_weights = params.path, params.mask_token_id, params.hash_weights
-    build = None
+    build, extra = None, {}
     with atomic_path(target_dir) as tmp:
         tmp.mkdir()
         if path == EMBEDDED:
@@ -74,10 +79,18 @@ def write_target(
             info = describe_target(tmp / MODEL_DIR, mask_token_id, hash_weights, embedded=True)
             info.path = MODEL_DIR
             write_jsonl(tmp / "held_out.jsonl", build.samples)
+        elif (gguf := gguf_target(path)) is not None:
+            if params.gguf_dtype is None:
+                raise ParamsError("params.yaml: target.path is a GGUF file but target.gguf_dtype is missing; add it")
+            record = convert_gguf(gguf, tmp / MODEL_DIR, params.gguf_dtype)
+            info = describe_target(tmp / MODEL_DIR, mask_token_id, hash_weights)
+            info.model_fingerprint = gguf_model_fingerprint(info.model_fingerprint, record.sha256)
+            info.path = MODEL_DIR
+            extra["gguf"] = record.to_dict()
         else:
             info = describe_target(path, mask_token_id, hash_weights)
             info.path = _relative_path(path, target_dir)
-        write_json(tmp / TARGET_JSON, info.to_dict())
+        write_json(tmp / TARGET_JSON, {**info.to_dict(), **extra})
     return build
 
 
@@ -102,8 +115,9 @@ def run_target(params: TargetParams, args: TargetArgs, stage: StageRun) -> None:
     build = write_target(params, args.out, conversations, stage.skips)
     info = load_target(args.out / TARGET_JSON)
     results = {k: v for k, v in (build.metrics if build else {}).items() if k not in RUN_FIELDS}
+    gguf = json.loads((args.out / TARGET_JSON).read_text(encoding="utf-8")).get("gguf")
     stage.details.update(results, embedded=info.embedded, num_hidden_layers=info.num_hidden_layers,
-                         hidden_size=info.hidden_size, vocab_size=info.vocab_size)
+                         hidden_size=info.hidden_size, vocab_size=info.vocab_size, **({"gguf": gguf} if gguf else {}))
     stage.run.update({k: v for k, v in (build.metrics if build else {}).items() if k in RUN_FIELDS})
     if build:
         stage.headline.update(final_loss=results["final_loss"], **overall_held_out(build.samples))
