@@ -83,6 +83,31 @@ def qwen3_alt_tokenizer_dir(shared_dir: Path, tmp_path_factory: pytest.TempPathF
     return make
 
 
+# A ChatML template without tools or thinking, as SmolLM2-135M-Instruct's (written here, not downloaded): it ignores
+# `tools` and `enable_thinking` and writes only each message's role and content.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def chatml_tokenizer_dir(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Qwen3 tokenizer files with :data:`CHATML_TEMPLATE` as their chat template: a target template without
+    tools or thinking (its end of turn is still ``<|im_end|>``)."""
+    import json
+
+    base = shared_dir / "fixtures" / "qwen3-tokenizer"
+    d = tmp_path_factory.mktemp("chatml-tokenizer")
+    for f in ("vocab.json", "merges.txt"):
+        os.symlink(base / f, d / f)
+    config = json.loads((base / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (d / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML_TEMPLATE}), encoding="utf-8")
+    return d
+
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import draftline.evaluate.stage as evaluate_stage
 import draftline.generate.local as generate_local
 import draftline.prompts.costs as prompt_costs
@@ -30,3 +32,30 @@ def test_tool_call_arguments_are_rendered_as_served_without_touching_the_input()
     assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"x": 1}'
     not_an_object = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]
     assert chat.as_served(not_an_object) == not_an_object
+
+
+def _tokenizer(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def test_renders_tools_is_true_for_qwen3_and_false_for_a_chatml_template_without_tools(qwen3_tokenizer_dir,
+                                                                                       chatml_tokenizer_dir):
+    assert chat.renders_tools(_tokenizer(qwen3_tokenizer_dir)) is True
+    assert chat.renders_tools(_tokenizer(chatml_tokenizer_dir)) is False
+
+
+def test_a_conversation_with_tools_is_refused_by_a_template_that_would_drop_them(qwen3_tokenizer_dir,
+                                                                                chatml_tokenizer_dir):
+    from conftest import WEATHER_TOOL
+
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    qwen3, chatml = _tokenizer(qwen3_tokenizer_dir), _tokenizer(chatml_tokenizer_dir)
+    assert "get_weather" in chat.render(qwen3, messages, [WEATHER_TOOL], enable_thinking=False, generation_prompt=True)
+    with pytest.raises(chat.ToolsNotRendered, match=r"does not render tools: a conversation offering \['get_weather'\]"
+                                                    r" would be rendered without them.*prompts.tools_unsupported"):
+        chat.render(chatml, messages, [WEATHER_TOOL], enable_thinking=None, generation_prompt=True)
+    # Without tools the same template renders as before.
+    assert chat.render(chatml, messages, None, enable_thinking=None, generation_prompt=True).endswith(
+        "<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n")

@@ -28,6 +28,7 @@ from draftline.core.runner import run_file
 from draftline.generate.journal import Journal
 from draftline.generate.openai_client import AuthError, ServersDown
 from draftline.generate.remote import request_body
+from draftline.generate.stage import run_generate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,7 +133,7 @@ def test_truncated_answers_excluded_and_counted(tmp_path):
     prompts = make_prompts(6)
     cut = {prompts[0].id, prompts[3].id}
     with FakeSGLang(truncate=cut) as srv:
-        p = sglang_params(srv.url)
+        p = sglang_params(srv.url, max_truncated_share=0.5)
         m = run_in(make_project(tmp_path, prompts, p), p)
     assert m.headline["truncated"] == 2 and m.headline["rows"] == 4 and m.details["per_source"]["alpha"]["truncated"] == 2
     assert cut.isdisjoint(r["id"] for r in read_rows(tmp_path))
@@ -141,6 +142,47 @@ def test_truncated_answers_excluded_and_counted(tmp_path):
         assert srv.requests == []
     rows = {r["id"]: r for r in read_rows(tmp_path)}
     assert m.headline["rows"] == 6 and rows[prompts[0].id]["finish_reason"] == "length"
+
+
+def test_too_many_truncated_replies_stop_the_stage_naming_max_tokens_and_write_nothing(tmp_path, capsys):
+    """2 of 6 replies cut at max_tokens is over the default share (0.2): one line naming generate.max_tokens and
+    generate.max_truncated_share, no completions, no metrics; the journal keeps the replies, so the rerun with the
+    share raised sends nothing and writes them."""
+    from draftline.core.runner import main
+    from draftline.generate.stage import GenerateArgs
+
+    prompts = make_prompts(6)
+    cut = {prompts[0].id, prompts[3].id}
+    with FakeSGLang(truncate=cut) as srv:
+        p = sglang_params(srv.url)
+        root = make_project(tmp_path, prompts, p)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:  # as dvc runs it: a refusal is one line and exit status 1
+            main("generate", GenerateArgs, lambda _: gen_params(p), run_generate, stage_argv(root)[1:])
+        assert exit_.value.code == 1 and len(srv.requests) == 6
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("generate: 2 of 6 replies (33.3%) were cut at generate.max_tokens (32), more than "
+                   "generate.max_truncated_share (0.2) allows: raise generate.max_tokens, or raise "
+                   "generate.max_truncated_share to accept them (the journal keeps the replies: they are not "
+                   "generated again)")
+    assert not (root / "data/completions").exists() and not (root / "metrics/generate.json").exists()
+    with FakeSGLang(truncate=cut) as srv:  # 1 in 3 is within a share of 0.4: written from the journal alone
+        m = run_in(root, {**p, "endpoints": [srv.url], "max_truncated_share": 0.4})
+        assert srv.requests == []
+    assert m.headline["rows"] == 4 and m.headline["truncated"] == 2 and len(read_rows(root)) == 4
+
+
+def test_check_truncated_passes_at_the_share_and_counts_only_replies():
+    from draftline.generate.report import TooManyTruncated, check_truncated
+
+    prompts = make_prompts(5)
+    ok = {"status": "ok", "finish_reason": "stop"}
+    entries = {prompts[0].id: {"status": "ok", "finish_reason": "length"}, prompts[1].id: ok, prompts[2].id: ok,
+               prompts[3].id: ok, prompts[4].id: {"status": "failed", "reason": "http_400"}}
+    check_truncated(prompts, entries, 0.25, 8)  # 1 of 4 replies (the failure is no reply): at the share, not over
+    with pytest.raises(TooManyTruncated, match=r"1 of 4 replies \(25\.0%\) were cut at generate.max_tokens \(8\)"):
+        check_truncated(prompts, entries, 0.2, 8)
+    check_truncated(prompts, {}, 0.0, 8)  # nothing generated: nothing to judge
 
 
 def test_thinking_keeps_reasoning_apart_and_empty_reasoning_fails(tmp_path):

@@ -41,7 +41,7 @@ SOURCES = {
     "metamathqa": ("metamathqa", "metamathqa"),
     "http": ("openai_multimodal_request_bodies", "http_traces"),
 }
-PROMPTS = {"turns": "first", "strict": False}
+PROMPTS = {"turns": "first", "strict": False, "tools_unsupported": "refuse"}
 DEDUP = {"priority": ["hermes", "glaive"], "near": default_params("dedup", )["near"] | {"exact_numbers": ["metamathqa"]}}
 CONVERSATIONS = ConversationsParams.parse({"multimodal": "drop", "strict": False}, "conversations")
 
@@ -407,3 +407,64 @@ def test_a_steer_file_outside_the_tracked_folder_is_refused_with_the_fix(env: Pa
     with pytest.raises(Untracked, match=r"blend\.steer\.eval .* is outside .*drafters.*cp -r .* && dvc add"):
         _run(env, "untracked", {**BLEND, "steer": steer})
     assert not (env / "untracked").exists()
+
+
+@pytest.fixture(scope="module")
+def chatml_target(env: Path, chatml_tokenizer_dir: Path) -> Path:
+    """A target whose chat template has neither tools nor thinking (SmolLM2's ChatML), beside ``env``'s."""
+    write_target(TargetParams.parse(default_params("target", path=str(chatml_tokenizer_dir)), "target"),
+                 env / "chatml-target")
+    return env / "chatml-target"
+
+
+def _settings(blend: dict, tools_unsupported: str, enable_thinking: bool = False) -> PromptsSettings:
+    return PromptsSettings(list(SOURCES), PromptsParams.parse({**PROMPTS, "tools_unsupported": tools_unsupported},
+                                                              "prompts"),
+                           DedupParams.parse(DEDUP, "dedup"), BlendParams.parse(blend, "blend"), enable_thinking)
+
+
+def test_tool_sources_under_a_template_without_tools_are_refused_in_one_line(env: Path, chatml_target: Path,
+                                                                             capsys) -> None:
+    o = env / "tools_refused"
+    argv = ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
+            str(chatml_target / "target.json"), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
+            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
+            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"),
+            "--drafters", str(env / "drafters"), "--bases", str(env / "bases")]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main("prompts", PromptsArgs, lambda _: _settings(BLEND, "refuse"), run_prompts, argv)
+    assert exit_.value.code == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"prompts: the target's chat template does not render tools, and prompts offer them "
+                        r"\((\d+ of \w+, )*\d+ of hermes(, \d+ of \w+)*\): set prompts.tools_unsupported: drop .*", last)
+    assert not o.exists()
+
+
+def test_tool_prompts_under_a_template_without_tools_are_dropped_counted_the_rest_kept(env: Path,
+                                                                                       chatml_target: Path) -> None:
+    conversations = _conversations(env, {n: a for n, (_, a) in SOURCES.items()})
+    blend = {**BLEND, "total": 20}  # what the sources hold without their tool prompts
+    qwen3 = run.prompts(env, _settings(blend, "drop"), out=env / "tools_kept" / "prompts",
+                        conversations_dir=conversations).details  # a template with tools: nothing dropped
+    stage = run.prompts(env, _settings(blend, "drop"), out=env / "tools_dropped" / "prompts",
+                        conversations_dir=conversations, target_dir=chatml_target)
+    dropped = {s: m["skipped"].get("tools_unsupported", 0) for s, m in stage.details["sources"].items()}
+    assert not any(m["skipped"].get("tools_unsupported") for m in qwen3["sources"].values())
+    assert dropped["hermes"] > 0 and stage.skips.counts["tools_unsupported"] == sum(dropped.values())
+    for s, m in stage.details["sources"].items():  # every prompt is either kept or counted as dropped
+        assert m["prompts"] + dropped[s] == qwen3["sources"][s]["prompts"], s
+    train = _rows(env / "tools_dropped" / "prompts" / "train.jsonl")
+    assert len(train) == 20 and not any(r["tools"] for r in train)
+    assert not any(r["tools"] for r in _rows(env / "tools_dropped" / "prompts" / "eval.jsonl"))
+    report = json.loads((env / "tools_dropped" / "prompts-report.json").read_text())
+    assert report["skips"]["tools_unsupported"] == sum(dropped.values())
+
+
+def test_enable_thinking_under_a_template_without_thinking_is_refused_before_a_row_is_read(
+        env: Path, chatml_target: Path, tmp_path: Path) -> None:
+    with pytest.raises(Refusal, match=r"generate.enable_thinking is true, but the target's chat template has no "
+                                      r"thinking mode"):
+        run.prompts(env, _settings(BLEND, "drop", enable_thinking=True), out=env / "thinking" / "prompts",
+                    conversations_dir=tmp_path / "none", target_dir=chatml_target)  # no conversations: never read
+    assert not (env / "thinking").exists()

@@ -8,7 +8,9 @@ thinking arguments. Invariants:
 - messages are rendered as an OpenAI-compatible server hands them to the template (:func:`as_served`);
 - ``enable_thinking`` is passed only when it is known (True/False): a template may treat a present-but-None flag
   differently from an absent one; :func:`template_kwargs` is also what a request sends as ``chat_template_kwargs``;
-- the input messages are never modified.
+- the input messages are never modified;
+- tools are never dropped silently: a template that cannot render them (:func:`renders_tools`, e.g. SmolLM2's
+  ChatML) refuses a conversation that offers tools (:class:`ToolsNotRendered`) instead of rendering it without.
 """
 
 from __future__ import annotations
@@ -16,7 +18,34 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from draftline.core.errors import Refusal
 from draftline.core.records import Message, Tool
+
+# The probe's tool: a name and description no template writes by itself.
+_PROBE_TOOL: Tool = {"type": "function", "function": {
+    "name": "draftline_probe_tool", "description": "Draftline probe tool description",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
+_RENDERS_TOOLS: dict[str, bool] = {}  # per chat template text
+
+
+class ToolsNotRendered(Refusal):
+    """A conversation with tools under a chat template that would render it without them."""
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template writes the tools it is given into the text (Qwen3's does; SmolLM2's
+    ChatML ignores them): a one-message conversation with a probe tool is rendered and the tool's name looked
+    for. A template that raises on tools cannot render them either. Cached per template text."""
+    key = str(tokenizer.chat_template)
+    if key not in _RENDERS_TOOLS:
+        name = _PROBE_TOOL["function"]["name"]
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi."}], tools=[_PROBE_TOOL],
+                                                 add_generation_prompt=True, tokenize=False)
+        except Exception:  # a template that raises on tools (raise_exception) cannot render them
+            text = ""
+        _RENDERS_TOOLS[key] = isinstance(text, str) and name in text
+    return _RENDERS_TOOLS[key]
 
 
 def template_kwargs(enable_thinking: bool | None) -> dict[str, Any]:
@@ -35,7 +64,13 @@ def render(
     """The text the target sees: its own chat template over ``messages`` and ``tools``.
 
     ``generation_prompt``: end with the assistant header (a prompt to continue), or not (a whole conversation).
+    Raises :class:`ToolsNotRendered` when ``tools`` are given and the template cannot render them.
     """
+    if tools and not renders_tools(tokenizer):
+        names = [(t.get("function") or {}).get("name") for t in tools]
+        raise ToolsNotRendered(
+            f"the target's chat template does not render tools: a conversation offering {names} would be rendered "
+            "without them; leave tool prompts out (the prompt stage refuses or drops them: prompts.tools_unsupported)")
     return tokenizer.apply_chat_template(
         as_served(messages), tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False,
         **template_kwargs(enable_thinking),

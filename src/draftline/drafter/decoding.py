@@ -239,7 +239,7 @@ class _Target:
     """The target model with its KV cache for one prompt; each call reads new ids and returns logits and features."""
 
     def __init__(self, model: PreTrainedModel, layer_ids: Sequence[int]):
-        n_layers = model.config.num_hidden_layers
+        n_layers = model.config.get_text_config().num_hidden_layers  # a multimodal config keeps it in text_config
         bad = [i for i in layer_ids if not 0 <= i < n_layers]
         if bad:
             raise ValueError(f"target_layer_ids {bad} are outside the target's {n_layers} decoder layers")

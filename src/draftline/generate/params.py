@@ -60,6 +60,9 @@ class GenerateParams(Params):
     seed: int
     shard_size: int
     keep_truncated: bool
+    # The most of the replies that may end cut at max_tokens: above it the stage stops naming max_tokens, writing
+    # nothing (report.check_truncated); the journal keeps the replies. Not part of the journal key.
+    max_truncated_share: float
     # true: the first bad line of the prompts file stops the stage; false: it is counted (``skipped``) and skipped.
     strict: bool
     model: str | None
@@ -90,6 +93,8 @@ class GenerateParams(Params):
     def validate(self, where: str) -> None:
         if self.max_tokens < 1 or self.shard_size < 1 or self.concurrency < 1 or self.retries < 0:
             raise ParamsError(f"params.yaml: {where}: max_tokens, shard_size and concurrency must be >= 1, retries >= 0")
+        if not 0.0 <= self.max_truncated_share <= 1.0:
+            raise ParamsError(f"params.yaml: {where}.max_truncated_share must be in [0, 1], got {self.max_truncated_share}")
         if self.backend == "sglang" and self.launch is None and not self.endpoints:
             raise ParamsError(f"params.yaml: {where}.endpoints is empty: list at least one server URL, e.g. "
                               "http://127.0.0.1:30000 (or set generate.launch to start SGLang here)")

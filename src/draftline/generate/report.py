@@ -3,6 +3,7 @@
 Invariants: both are computed from the prompts and the journal's entries alone, resumed rows included, so two runs
 of the same inputs report the same bytes whatever was resumed; what varies between runs (speeds, resume counts,
 the journal's folder) is :meth:`draftline.generate.progress.Progress.figures` and goes to the run file.
+:func:`check_truncated` stops a result most of whose replies ran into ``generate.max_tokens``, before it is written.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from draftline.core.errors import Refusal
 from draftline.core.records import CompletionRecord, PromptRecord
-from draftline.generate.journal import FAILED
+from draftline.generate.journal import FAILED, OK
 from draftline.generate.shards import is_truncated
 
 
@@ -74,6 +76,26 @@ def summarize(prompts: list[PromptRecord], entries: dict[str, dict[str, Any]],
         for s in sources:
             out["per_source"][s]["speculative"] = speculative([e for src, e in done if src == s])
     return out
+
+
+class TooManyTruncated(Refusal):
+    """More of the replies cut at ``generate.max_tokens`` than ``generate.max_truncated_share`` allows."""
+
+
+def check_truncated(prompts: list[PromptRecord], entries: dict[str, dict[str, Any]], max_share: float,
+                    max_tokens: int) -> None:
+    """Raise :class:`TooManyTruncated` when more than ``max_share`` of the replies (prompts with a result) were cut
+    at ``max_tokens``: a cap at odds with the target (212 of 300 SmolLM2 replies at 64 tokens), not a few long
+    replies, and a run that "succeeds" would silently drop most of its rows (or keep them cut). As tokenize's
+    ``max_skip_share``; the journal keeps the replies, so a rerun with a raised param regenerates none of them."""
+    done = [entries[p.id] for p in prompts if entries.get(p.id, {}).get("status") == OK]
+    cut = sum(1 for e in done if is_truncated(e))
+    if done and cut > max_share * len(done):
+        raise TooManyTruncated(
+            f"{cut} of {len(done)} replies ({100 * cut / len(done):.1f}%) were cut at generate.max_tokens "
+            f"({max_tokens}), more than generate.max_truncated_share ({max_share:g}) allows: raise "
+            "generate.max_tokens, or raise generate.max_truncated_share to accept them "
+            "(the journal keeps the replies: they are not generated again)")
 
 
 def headline(details: dict[str, Any]) -> dict[str, Any]:

@@ -4,9 +4,10 @@ Order of work: 1. read the prompts and the target's description; 2. open the jou
 (:mod:`~draftline.generate.key`); 3. send only prompts without a result, in dispatch order
 (:mod:`~draftline.generate.order`), with the configured backend's driver: SGLang/vLLM over HTTP
 (:mod:`~draftline.generate.remote`) or the target in-process (:mod:`~draftline.generate.batches`), each journaling
-every result as it finishes; 4. write the shards and failures from the journal in prompt order
-(:mod:`~draftline.generate.shards`); 5. fill the headline, the report (:mod:`~draftline.generate.report`) and the
-run's figures (:mod:`~draftline.generate.progress`), which the stage runner writes.
+every result as it finishes; 4. stop, writing nothing, when too many replies were cut at ``max_tokens``
+(:func:`~draftline.generate.report.check_truncated`); 5. write the shards and failures from the journal in prompt
+order (:mod:`~draftline.generate.shards`); 6. fill the headline, the report (:mod:`~draftline.generate.report`) and
+the run's figures (:mod:`~draftline.generate.progress`), which the stage runner writes.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from draftline.generate.order import dispatch_order, prefix_group
 from draftline.generate.params import GenerateParams
 from draftline.generate.progress import Progress
 from draftline.generate.remote import generate_remote
-from draftline.generate.report import headline, summarize
+from draftline.generate.report import check_truncated, headline, summarize
 from draftline.generate.shards import write_outputs
 from draftline.generate.work import Plan, Work
 
@@ -98,6 +99,7 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
         progress.close()
         journal.close()
 
+    check_truncated(prompts, entries, p.max_truncated_share, p.max_tokens)  # before anything is written
     generation: dict[str, Any] = {"backend": p.backend, **decides["target"], "sampling": p.sampling,
                                   "enable_thinking": p.enable_thinking}
     records, n_failed = write_outputs(args.out, prompts, entries, generation, p)

@@ -21,6 +21,9 @@ class PromptsParams(Params):
 
     turns: Literal["first", "all"]
     strict: bool
+    # Prompts offering tools under a target template that cannot render them (prompts/template.py): refuse (the
+    # stage stops, naming their sources) or drop (left out, counted as skips tools_unsupported).
+    tools_unsupported: Literal["refuse", "drop"]
 
 
 @dataclass(frozen=True)

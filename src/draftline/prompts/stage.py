@@ -8,7 +8,10 @@ domain and a language (:mod:`draftline.core.classify`); the report gives them pe
 and the merged set (``report``). Every check that can fail (config, feasibility of the blend, the steering
 evaluation) runs before anything is written, and the two JSONL files appear together or not at all. Sources are
 taken in ``params.yaml: sources`` order, which also breaks ties in dedup priority; token costs render prompts as
-generation will (``generate.enable_thinking``; ``costs``).
+generation will (``generate.enable_thinking``; ``costs``). What the target's chat template cannot render is settled
+first (``template``): ``generate.enable_thinking`` without a thinking mode is refused before a row is read, and
+prompts offering tools under a template without tools are refused or dropped (``prompts.tools_unsupported``)
+before dedup, so a dropped tool prompt never displaces a duplicate that would have been kept.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from draftline.prompts.report import (
     share_rows,
 )
 from draftline.prompts.steer import format_steer, steer_shares, steering
+from draftline.prompts.template import ToolPrompts, check_thinking
 
 log = get_logger("draftline.prompts")
 
@@ -76,9 +80,11 @@ def _check_names(sources: Sequence[str], dedup: DedupParams, blend: BlendParams)
 
 
 def collect(
-    sources: Sequence[str], prompts: PromptsParams, conversations_root: str | os.PathLike
+    sources: Sequence[str], prompts: PromptsParams, conversations_root: str | os.PathLike,
+    tools: ToolPrompts | None = None,
 ) -> tuple[list[PromptRecord], dict[str, SourceReport]]:
-    """A prompt cut out of every source's conversations; reading and cutting skips counted in the reports."""
+    """A prompt cut out of every source's conversations; reading and cutting skips counted in the reports. With
+    ``tools``, prompts offering tools the template cannot render are left out (counted, or refused at the end)."""
     records: list[PromptRecord] = []
     reports = {name: SourceReport() for name in sources}
     for name in sources:
@@ -92,14 +98,19 @@ def collect(
         for conv in tqdm(read_conversations(folder / CONVERSATIONS_FILE, skips), desc=f"prompts {name}",
                          unit=" rows", mininterval=2.0):
             try:
-                records.append(cut_prompt(conv, prompts.turns))
+                record = cut_prompt(conv, prompts.turns)
             except RowError as e:
                 skips.add(e.reason, f"{name} row {conv.row}", e.detail)
+                continue
+            if tools is None or tools.keep(record, skips):
+                records.append(record)
         r = reports[name]
         r.rows_read, r.skipped, r.media_parts_dropped = read["rows_read"], skips.counts, read["media_parts_dropped"]
         r.prompts = len(records) - before
         if r.prompts == 0:
             log.warning("source %s gave no usable prompts (%d rows read, skipped: %s)", name, r.rows_read, skips.as_dict())
+    if tools is not None:
+        tools.check()
     return records, reports
 
 
@@ -250,10 +261,11 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     _check_names(order, p.dedup, p.blend)
     require_tracked(p.blend.steer.eval if p.blend.steer else None, args.drafters, "blend.steer.eval")
     require_tracked(p.base, args.bases, "merge.base")
-    records, reports = collect(order, p.prompts, args.conversations)
-    kept = deduplicate(records, reports, p.dedup, order)
     target = load_target(args.target)
     tokenizer = load_tokenizer(target)
+    check_thinking(tokenizer, p.enable_thinking)
+    records, reports = collect(order, p.prompts, args.conversations, ToolPrompts(tokenizer, p.prompts.tools_unsupported))
+    kept = deduplicate(records, reports, p.dedup, order)
     cost = Costs(kept, tokenizer, p.enable_thinking)
     base = base_mix(p.base, tokenizer, stage, p.blend.target_mix is not None or p.blend.max_domain_share is not None)
     labels = Labels(kept)
