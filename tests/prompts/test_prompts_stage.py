@@ -152,16 +152,21 @@ def test_infeasible_blend_fails_before_writing(env: Path) -> None:
     assert not (env / "none").exists()
 
 
+def _script_argv(env: Path, target_json: Path, o: Path) -> list[str]:
+    """The stage script's arguments, as dvc.yaml gives them, writing under ``o``."""
+    return ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
+            str(target_json), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
+            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
+            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"),
+            "--drafters", str(env / "drafters"), "--bases", str(env / "bases")]
+
+
 def test_an_infeasible_blend_run_as_dvc_runs_it_prints_one_line_and_exits_1(env: Path, capsys) -> None:
     """The stage script's failure mode: an expected refusal is its message alone (a traceback is for bugs)."""
     settings = PromptsSettings(list(SOURCES), PromptsParams.parse(PROMPTS, "prompts"), DedupParams.parse(DEDUP, "dedup"),
                                BlendParams.parse({**BLEND, "total": 200000}, "blend"), False)
     o = env / "refused"
-    argv = ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
-            str(env / "target/target.json"), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
-            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
-            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"),
-            "--drafters", str(env / "drafters"), "--bases", str(env / "bases")]
+    argv = _script_argv(env, env / "target/target.json", o)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main("prompts", PromptsArgs, lambda _: settings, run_prompts, argv)
@@ -426,11 +431,7 @@ def _settings(blend: dict, tools_unsupported: str, enable_thinking: bool = False
 def test_tool_sources_under_a_template_without_tools_are_refused_in_one_line(env: Path, chatml_target: Path,
                                                                              capsys) -> None:
     o = env / "tools_refused"
-    argv = ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
-            str(chatml_target / "target.json"), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
-            "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
-            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"),
-            "--drafters", str(env / "drafters"), "--bases", str(env / "bases")]
+    argv = _script_argv(env, chatml_target / "target.json", o)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main("prompts", PromptsArgs, lambda _: _settings(BLEND, "refuse"), run_prompts, argv)
