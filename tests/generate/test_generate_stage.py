@@ -293,13 +293,13 @@ def test_journal_key_is_unchanged():
     from draftline.core.scratch import scratch_key
     from draftline.generate.key import journal_decides
 
-    decides = journal_decides(gen_params(sglang_params("http://x")), target_info())
+    decides = journal_decides(gen_params(sglang_params("http://x")), target_info(), make_prompts(2))
     assert decides == {"target": {"tokenizer_fingerprint": "tok-fp", "model_fingerprint": "model-fp"},
                        "sampling": {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": 0},
                        "enable_thinking": False, "backend": "sglang"}
     assert scratch_key(decides) == "b8272e7804ca80f4"
     sampled = gen_params(sglang_params("http://x", temperature=0.7, enable_thinking=True, concurrency=9, retries=0))
-    assert scratch_key(journal_decides(sampled, target_info())) == "3d36a27c049d621a"
+    assert scratch_key(journal_decides(sampled, target_info(), [])) == "3d36a27c049d621a"
 
 
 def test_unknown_param_is_an_error():

@@ -7,25 +7,40 @@ Invariants:
   also its settings but ``workers`` (``device: auto`` resolved: the device decides float results, so the key names
   the one actually used) and draftline's generation code, which then computes the replies. Transport settings
   (endpoints, concurrency, retries, timeouts, the API key) never enter it: changing them resumes the same journal.
+- **The ``dataset`` backend's key** holds no sampling (nothing is sampled) but a digest of every prompt's id and
+  reference: its reply is the reference, which a prompt's id does not cover (the same prompt may come from another
+  row of another source in another blend), and an ok journal entry is final, so another reference must mean another
+  journal. The target stays in it: its tokenizer counts the tokens, and a backend in the key keeps a dataset run
+  and a target run from ever reading each other's entries.
 - **Its content never changes for the same settings.** A changed key orphans the users' journals (hours of SGLang
   results); a server's replies do not depend on draftline's code, so no edit of it throws them away.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import xxhash
+
 from draftline.core.fingerprint import code_digest
-from draftline.core.records import TargetInfo
+from draftline.core.jsonl import dumps
+from draftline.core.records import PromptRecord, TargetInfo
 from draftline.generate.params import GenerateParams
 
 
-def journal_decides(s: GenerateParams, info: TargetInfo) -> dict[str, Any]:
-    """The journal key's content (``key.json`` beside the journal records it)."""
+def journal_decides(s: GenerateParams, info: TargetInfo, prompts: Sequence[PromptRecord]) -> dict[str, Any]:
+    """The journal key's content (``key.json`` beside the journal records it); ``prompts`` enter it only for the
+    ``dataset`` backend."""
+    target = {"tokenizer_fingerprint": info.tokenizer_fingerprint,
+              "model_fingerprint": info.model_fingerprint or f"path:{info.path}"}
+    if s.backend == "dataset":
+        pairs = sorted([(p.id, p.reference) for p in prompts], key=lambda pair: pair[0])
+        references = xxhash.xxh3_128_hexdigest(dumps(pairs).encode("utf-8"))
+        return {"target": target, "enable_thinking": s.enable_thinking, "backend": s.backend,
+                "references": references}
     decides: dict[str, Any] = {
-        "target": {"tokenizer_fingerprint": info.tokenizer_fingerprint,
-                   "model_fingerprint": info.model_fingerprint or f"path:{info.path}"},
-        "sampling": s.sampling, "enable_thinking": s.enable_thinking, "backend": s.backend,
+        "target": target, "sampling": s.sampling, "enable_thinking": s.enable_thinking, "backend": s.backend,
     }
     if s.backend == "local":
         local = s.local_dict()

@@ -51,7 +51,8 @@ class LaunchParams(Params):
 class GenerateParams(Params):
     """``params.yaml: generate`` (documented there and in docs/generate.md)."""
 
-    backend: Literal["local", "sglang"]
+    # local: the target in-process; sglang: HTTP servers; dataset: each prompt's own dataset answer, no target.
+    backend: Literal["local", "sglang", "dataset"]
     enable_thinking: bool
     max_tokens: int
     temperature: float

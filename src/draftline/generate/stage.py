@@ -3,8 +3,9 @@
 Order of work: 1. read the prompts and the target's description; 2. open the journal keyed by what decides a result
 (:mod:`~draftline.generate.key`); 3. send only prompts without a result, in dispatch order
 (:mod:`~draftline.generate.order`), with the configured backend's driver: SGLang/vLLM over HTTP
-(:mod:`~draftline.generate.remote`) or the target in-process (:mod:`~draftline.generate.batches`), each journaling
-every result as it finishes; 4. stop, writing nothing, when too many replies were cut at ``max_tokens``
+(:mod:`~draftline.generate.remote`), the target in-process (:mod:`~draftline.generate.batches`) or the dataset's
+own answers (:mod:`~draftline.generate.dataset`; the prompts without one are skips), each journaling every result as
+it finishes; 4. stop, writing nothing, when too many replies were cut at ``max_tokens``
 (:func:`~draftline.generate.report.check_truncated`); 5. write the shards and failures from the journal in prompt
 order (:mod:`~draftline.generate.shards`); 6. fill the headline, the report (:mod:`~draftline.generate.report`) and
 the run's figures (:mod:`~draftline.generate.progress`), which the stage runner writes.
@@ -24,6 +25,7 @@ from draftline.core.scratch import scratch_dir
 from draftline.core.target import load_target
 from draftline.core.tracked import require_tracked
 from draftline.generate.batches import generate_local
+from draftline.generate.dataset import answerable, generate_dataset
 from draftline.generate.journal import OK, Journal, start_at
 from draftline.generate.key import journal_decides
 from draftline.generate.launcher import Server, launch_env, server_command
@@ -56,6 +58,8 @@ def dispatch(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
         return {"requests": 0, "retries": 0}
     if s.backend == "local":
         return generate_local(work, s, info)
+    if s.backend == "dataset":
+        return generate_dataset(work, s, info)
     model = s.model or info.path
     if s.launch is None:
         return asyncio.run(generate_remote(work, s, s.endpoints, model))
@@ -73,8 +77,10 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
         p.api_key()  # an unset key variable fails here, before any work
     stage.skips.strict = p.strict
     prompts = read_prompts(args.prompts, stage.skips)
+    # The prompts the backend can answer; the others are counted skips, and the report still has every prompt read.
+    todo = answerable(prompts, stage.skips) if p.backend == "dataset" else prompts
     info = load_target(args.target)
-    decides = journal_decides(p, info)
+    decides = journal_decides(p, info, prompts)
     folder = scratch_dir("generate", decides)
     journal = Journal(folder)
     entries = journal.load()
@@ -82,8 +88,8 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
         log.warning("journal %s: %d torn or damaged line(s) ignored, their prompts are sent again",
                     journal.path, journal.torn)
     resumed = sum(1 for q in prompts if entries.get(q.id, {}).get("status") == OK)
-    order = dispatch_order([prefix_group(q) for q in prompts])
-    ordered = [prompts[i] for i in order]
+    order = dispatch_order([prefix_group(q) for q in todo])
+    ordered = [todo[i] for i in order]
     plan = Plan(ordered, [q for q in ordered if entries.get(q.id, {}).get("status") != OK])
     if slot := journal.join():
         log.info("another generate process writes journal %s: this one (writer %d) starts at prompt %d of %d",
@@ -100,8 +106,8 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
         journal.close()
 
     check_truncated(prompts, entries, p.max_truncated_share, p.max_tokens)  # before anything is written
-    generation: dict[str, Any] = {"backend": p.backend, **decides["target"], "sampling": p.sampling,
-                                  "enable_thinking": p.enable_thinking}
+    generation: dict[str, Any] = {"backend": p.backend, **decides["target"], "sampling": decides.get("sampling"),
+                                  "enable_thinking": p.enable_thinking}  # sampling: null where nothing was sampled
     records, n_failed = write_outputs(args.out, prompts, entries, generation, p)
     stage.details.update(summarize(prompts, entries, records))
     stage.headline.update(headline(stage.details))
