@@ -67,7 +67,8 @@ class PromptRecord:
     row: int
     messages: list[Message]
     tools: list[Tool] | None = None
-    # The dataset's own answer: used only to estimate token counts, never sent to the target.
+    # The dataset's own answer: never sent to the target; it estimates token counts, and is the reply of the
+    # baseline ``generate.backend: dataset``.
     reference: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,10 +84,11 @@ class PromptRecord:
 
 @dataclass
 class CompletionRecord(PromptRecord):
-    """A prompt with the target's reply appended to ``messages`` (``data/completions/part-*.jsonl``).
+    """A prompt with the target's reply appended to ``messages`` (``data/completions/part-*.jsonl``); with
+    ``generation.backend: dataset``, the dataset's own answer instead.
 
-    ``generation`` records how the reply was made: backend, target fingerprint, sampling params and
-    ``enable_thinking``, so that the tokenizer renders it exactly as the server did.
+    ``generation`` records how the reply was made: backend, target fingerprint, sampling params (null where nothing
+    was sampled) and ``enable_thinking``, so that the tokenizer renders it exactly as the server did.
     """
 
     finish_reason: str | None = None
