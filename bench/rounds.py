@@ -10,7 +10,9 @@ Per target seed, in a temporary git + DVC clone of this repository (tests/projec
    ``warm``: ``train.init_from`` and ``generate.draft_model`` = round 1's drafter; ``steered``: the blend steered by
    round 1's evaluation (``blend.steer``, which reads its ``dev`` split); ``warm + steered``: both. The drafter in
    generation changes how many target forwards a reply costs, not what the replies are drawn from (verification is
-   lossless), so ``warm`` differs from ``cold`` in its data only by the random draws of sampling;
+   lossless), and it is not part of generation's journal key: an arm after ``cold`` with the same prompts reads
+   ``cold``'s journal (no request is sent, so it reports no drafter figures), and ``warm`` differs from ``cold`` by
+   ``train.init_from`` alone, its replies byte-identical (its merged set grows by a few KB of metadata);
    ``--third`` adds ``warm + steered`` at a third of the steps (does a warm start reach round 1's tau sooner?);
 3. rollback: ``git checkout round1 && dvc checkout`` gives round 1's merged set and drafter back byte-identical.
 
