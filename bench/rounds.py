@@ -23,7 +23,7 @@ rollback restored round 1 byte for byte. Then, pooled over the seeds' requests, 
 test requests (a seeded paired bootstrap, ``draftline.evaluate.intervals``), overall and on each seed's weakest
 source by round 1's ``dev`` figure (the source steering is for).
 
-    nice -n 10 python bench/rounds.py --seeds 0 --out /tmp/rounds-seed0.json   # about 40 minutes a seed
+    nice -n 10 python bench/rounds.py --seeds 0 --out /tmp/rounds-seed0.json   # about 50 minutes a seed
     python bench/rounds.py --pool /tmp/rounds-seed*.json                        # the pooled table
 """
 
