@@ -88,6 +88,23 @@ def test_describe_sees_a_changed_template_and_load_tokenizer_refuses_a_changed_f
 # ---------------------------------------------------------------------------------------- a real Qwen3 tokenizer
 
 
+@pytest.mark.parametrize(("closing", "expected"), [
+    ("<|im_end|>", ("<|im_end|>", 151645)),        # ChatML (Qwen3, SmolLM2)
+    ("<|box_end|>", ("<|box_end|>", 151649)),      # another one-token close, as Llama 3's <|eot_id|>
+    ("\n\n", ("<|endoftext|>", 151643)),           # plain text closes the turn: eos
+])
+def test_the_end_of_turn_is_read_from_the_template(qwen3_tokenizer_dir, tmp_path, closing, expected):
+    folder = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "tok")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '" + closing.replace("\n", "\\n")
+                            + "' }}{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    cfg["eos_token"] = "<|endoftext|>"  # apart from every close above
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    info = describe_target(folder)
+    assert (info.end_of_turn_token, info.end_of_turn_token_id) == expected
+
+
+
 def test_qwen3_tokenizer_folder_as_target(qwen3_tokenizer_dir, tmp_path):
     target_dir = tmp_path / "data" / "target"
     execute("target", run_target, target_params(path=str(qwen3_tokenizer_dir)), target_args(tmp_path, target_dir))

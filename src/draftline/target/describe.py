@@ -7,6 +7,11 @@ only produced when their literal text is in the input, and decoding skips them. 
 last reserved token. The choice depends on the tokenizer alone, so a tokenizer-only folder (a CPU box) and the full
 checkpoint (the GPU box) agree. ``target.mask_token_id`` overrides it, e.g. to match an existing drafter
 (an id past the tokenizer, in the embedding's padding rows, is accepted when config.json shows those rows exist).
+
+The end-of-turn token is read from the template, not assumed: an assistant turn is rendered and the token that
+follows its content is it when that is one added token (ChatML's ``<|im_end|>``, Llama 3's ``<|eot_id|>``, Gemma's
+``<end_of_turn>``); a template that closes a turn with plain text, or not at all, falls back to eos. Think tags are
+recorded only when the tokenizer has them as single tokens; a target without them has no thinking mode.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ from draftline.core.errors import MissingInput, Refusal
 from draftline.core.fingerprint import model_fingerprint, template_sha256, tokenizer_fingerprint
 from draftline.core.records import TargetInfo
 
-END_OF_TURN = "<|im_end|>"
 THINK_TAGS = ("<think>", "</think>")
-
+# An assistant reply no template writes on its own: what the template adds after it closes the turn.
+_SENTINEL = "draftline-end-of-turn-probe"
 
 
 def _read_config(folder: Path) -> dict[str, Any] | None:
@@ -41,6 +46,17 @@ def _added_id(tok, token: str) -> int | None:
         if added.content == token:
             return tid
     return None
+
+
+def end_of_turn(tok) -> tuple[str, int]:
+    """The token the chat template closes an assistant turn with (see the module docstring), else eos."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    after = text.split(_SENTINEL, 1)[1] if _SENTINEL in text else ""
+    ids = tok(after, add_special_tokens=False)["input_ids"]
+    if ids and ids[0] in tok.added_tokens_decoder:
+        return tok.added_tokens_decoder[ids[0]].content, ids[0]
+    return tok.eos_token, tok.eos_token_id
 
 
 def _template_text(template: str | dict[str, str]) -> str:
@@ -100,8 +116,7 @@ def describe_target(
         raise Refusal(f"the tokenizer in {folder} has no chat template; add chat_template.jinja")
     if tok.eos_token_id is None:
         raise Refusal(f"the tokenizer in {folder} has no eos token (tokenizer_config.json: eos_token)")
-    eot_id = _added_id(tok, END_OF_TURN)
-    eot, eot_id = (END_OF_TURN, eot_id) if eot_id is not None else (tok.eos_token, tok.eos_token_id)
+    eot, eot_id = end_of_turn(tok)
     think = [t if _added_id(tok, t) is not None else None for t in THINK_TAGS]
 
     config = _read_config(folder)
