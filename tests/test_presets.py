@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 from dvc.utils.hydra import apply_overrides
 
 from draftline.evaluate.params import EvalParams
@@ -23,7 +23,6 @@ from draftline.prompts.params import BlendParams, PromptsParams
 from draftline.target.params import TargetParams
 from draftline.train.params import TrainParams
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "smollm2.sh"
 
 

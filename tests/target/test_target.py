@@ -13,6 +13,7 @@ from conftest import TINY_TARGET_PARAMS, WEATHER_TOOL, default_params, tiny_conv
 
 from draftline.conversations.params import ConversationsParams, ConversationsSettings
 from draftline.conversations.stage import ConversationsArgs, run_conversations
+from draftline.core.errors import Refusal
 from draftline.core.fingerprint import sha256_file, tokenizer_fingerprint
 from draftline.core.params import ParamsError
 from draftline.core.records import Conversation
@@ -103,6 +104,15 @@ def test_the_end_of_turn_is_read_from_the_template(qwen3_tokenizer_dir, tmp_path
     info = describe_target(folder)
     assert (info.end_of_turn_token, info.end_of_turn_token_id) == expected
 
+
+def test_a_template_that_cannot_render_a_reply_is_refused_in_one_line(qwen3_tokenizer_dir, tmp_path):
+    folder = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "tok")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ raise_exception('assistant turns are not supported') }}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Refusal, match="cannot render a user turn and an assistant reply .*not supported") as e:
+        describe_target(folder)
+    assert "\n" not in str(e.value)
 
 
 def test_qwen3_tokenizer_folder_as_target(qwen3_tokenizer_dir, tmp_path):

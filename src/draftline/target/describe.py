@@ -51,7 +51,11 @@ def _added_id(tok, token: str) -> int | None:
 def end_of_turn(tok) -> tuple[str, int]:
     """The token the chat template closes an assistant turn with (see the module docstring), else eos."""
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
-    text = tok.apply_chat_template(messages, tokenize=False)
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False)
+    except Exception as e:  # every later stage renders such a pair: a template that cannot is unusable
+        raise Refusal(f"the chat template cannot render a user turn and an assistant reply "
+                      f"({type(e).__name__}: {e}); fix the template") from None
     after = text.split(_SENTINEL, 1)[1] if _SENTINEL in text else ""
     ids = tok(after, add_special_tokens=False)["input_ids"]
     if ids and ids[0] in tok.added_tokens_decoder:
