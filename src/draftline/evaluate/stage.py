@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import xxhash
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -39,8 +38,9 @@ from draftline.core.skips import Skips
 from draftline.core.splits import TEST
 from draftline.core.target import load_model, load_target, load_tokenizer
 from draftline.core.threads import torch_threads
-from draftline.drafter.config import DrafterMismatch, lineage_of
+from draftline.drafter.config import lineage_of
 from draftline.drafter.decoding import DFlashProposer, Proposer, Sampling, greedy_reference, speculative_generate
+from draftline.drafter.fit import check_lineage, load_fitting, resolve_device, torch_dtype
 from draftline.drafter.model import DFlashDrafter
 from draftline.evaluate.params import EvalParams
 from draftline.evaluate.report import (
@@ -170,27 +170,6 @@ def evaluate_setting(decoder: Decoder, setting: str, sampling: Sampling, request
     return results
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-
-
-def check_lineage(checkpoint: Path, info: TargetInfo) -> dict[str, Any]:
-    """The checkpoint's lineage (see :func:`draftline.drafter.config.lineage_of`), checked against the target."""
-    from transformers import PretrainedConfig
-
-    lineage = lineage_of(PretrainedConfig.from_json_file(str(checkpoint / "config.json")))
-    if lineage["tokenizer_fingerprint"] != info.tokenizer_fingerprint:
-        raise DrafterMismatch(
-            f"the drafter in {checkpoint} was trained on data of another tokenizer (fingerprint "
-            f"{lineage['tokenizer_fingerprint'][:12]}) than the target's ({info.tokenizer_fingerprint[:12]}): "
-            "retrain it for this target"
-        )
-    return lineage
-
-
 def load_models(
     info: TargetInfo, checkpoint: str | os.PathLike, params: EvalParams
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, DFlashDrafter]:
@@ -198,24 +177,9 @@ def load_models(
 
     A drafter whose training data was made with another tokenizer than the target's is refused: its ids would
     mean other tokens."""
-    checkpoint = Path(checkpoint)
-    if not (checkpoint / "config.json").is_file():
-        raise MissingInput(f"no drafter in {checkpoint} (config.json missing): run the train stage first")
-    check_lineage(checkpoint, info)
-    device = resolve_device(params.device)
-    target = load_model(info, dtype="auto" if params.dtype == "auto" else _DTYPES[params.dtype], device=device)
-    tokenizer = load_tokenizer(info)
-    drafter = DFlashDrafter.from_pretrained(checkpoint, target).to(target.dtype)
-    n_target = target.config.get_text_config().num_hidden_layers
-    if int(getattr(drafter.config, "num_target_layers", n_target)) != n_target:
-        raise DrafterMismatch(
-            f"the drafter in {checkpoint} was trained on a {drafter.config.num_target_layers}-layer target, "
-            f"but {info.path} has {n_target} layers: retrain it for this target"
-        )
-    if drafter.mask_token_id != info.mask_token_id:
-        log.warning("the drafter's mask token %d is not target.json's %d: was it trained for another target?",
-                    drafter.mask_token_id, info.mask_token_id)
-    return target, tokenizer, drafter
+    check_lineage(checkpoint, info)  # before the target loads: a foreign drafter is refused at once
+    target = load_model(info, dtype=torch_dtype(params.dtype), device=resolve_device(params.device))
+    return target, load_tokenizer(info), load_fitting(checkpoint, info, target)
 
 
 def run_evaluate(p: EvalParams, args: EvalArgs, stage: StageRun) -> None:
