@@ -94,8 +94,13 @@ def figures(root: Path) -> dict[str, Any]:
     with open(root / "plots/eval_steps.jsonl", encoding="utf-8") as f:
         steps = [json.loads(line) for line in f]
     generate = json.loads((root / "reports/generate.json").read_text())
+    prompts = json.loads((root / "reports/prompts.json").read_text())
+    prompts_run = json.loads((root / "reports/prompts.run.json").read_text())
     out: dict[str, Any] = {"steps": json.loads((root / "metrics/train.json").read_text())["steps"],
-                           "generation": generate.get("speculative")}
+                           "generation": generate.get("speculative"), "select": prompts.get("select"),
+                           "scoring": {k: prompts_run.get(k) for k in ("scored", "scored_tokens", "from_cache",
+                                                                        "score_seconds")},
+                           "generated_tokens": generate.get("output_tokens")}
     for name, s in report[SPLIT].items():
         heldout = s["per_set"]["heldout"]
         out[name] = {"acceptance": heldout["acceptance"], "ci": heldout["acceptance_ci"], "tau": heldout["tau"],
@@ -134,7 +139,12 @@ def keep_round1(root: Path, env: dict[str, str]) -> None:
 # What each arm takes from round 1 (``dvc exp run -S`` values); every arm also has round 1's merged set as its base.
 WARM = ("train.init_from=data/drafters/round1", "generate.draft_model=data/drafters/round1")
 STEER = ("blend.steer={eval: data/drafters/round1.eval.json, setting: sampled, strength: 1.0}",)
-ARMS = {"cold": (), "warm": WARM, "steered": STEER, "warm + steered": WARM + STEER}
+# Rows picked within each source by round 1's drafter (issue 35), its dev evaluation giving the score's correlation.
+SELECT = ("blend.select.by=drafter", "blend.select.drafter=data/drafters/round1",
+          "blend.select.eval=data/drafters/round1.eval.json")
+ARMS = {"cold": (), "warm": WARM, "steered": STEER, "warm + steered": WARM + STEER, "selected": SELECT,
+        "selected + steered": SELECT + STEER}
+DEFAULT_ARMS = ["cold", "warm", "steered", "warm + steered"]
 
 
 def round2(root: Path, env: dict[str, str], total: int, steps: int, sets: tuple[str, ...]) -> dict[str, Any]:
@@ -157,7 +167,7 @@ def round2(root: Path, env: dict[str, str], total: int, steps: int, sets: tuple[
     return out
 
 
-def measure(seed: int, round1_total: int, total: int, third: bool) -> dict[str, Any]:
+def measure(seed: int, round1_total: int, total: int, third: bool, arms: list[str]) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"rounds-seed{seed}-"))
     try:
         env = make_project(root, {"target": {"seed": seed}, "blend": {"total": round1_total}})
@@ -166,8 +176,8 @@ def measure(seed: int, round1_total: int, total: int, third: bool) -> dict[str, 
         merged, drafter = digest(root / "data/merged"), digest(root / "data/checkpoints")
         keep_round1(root, env)
         runs = {"round 1": r1}
-        for arm, sets in ARMS.items():
-            runs[arm] = round2(root, env, total, r1["steps"], sets)
+        for arm in arms:
+            runs[arm] = round2(root, env, total, r1["steps"], ARMS[arm])
         if third:
             runs["warm + steered, 1/3 steps"] = round2(root, env, total, r1["steps"] // 3, WARM + STEER)
         run(["git", "checkout", "-q", "round1"], root, env)
@@ -198,6 +208,10 @@ def report(r: dict[str, Any]) -> str:
             f"{x['greedy']['per_source'].get(source, 0):.2f} / {x['sampled']['per_source'].get(source, 0):.2f}"
             for x in runs.values()])
     rows.append(["train steps"] + [str(x["steps"]) for x in runs.values()])
+    rows.append(["tokens generated"] + [str(x.get("generated_tokens", "-")) for x in runs.values()])
+    rows.append(["candidates scored / seconds"] + [
+        f"{x['scoring']['scored']} / {x['scoring']['score_seconds']:.0f}" if (x.get("scoring") or {}).get("scored")
+        else "-" for x in runs.values()])
     rows.append(["generation: acceptance / forwards saved"] + [
         "-" if not x.get("generation") else f"{x['generation']['acceptance']:.2f} / {x['generation']['forwards_saved']:.0%}"
         for x in runs.values()])
@@ -221,13 +235,14 @@ def requests(result: dict[str, Any], arm: str, setting: str, only_weakest: bool)
             if not only_weakest or v[0] == src}
 
 
-def pooled(results: list[dict[str, Any]], resamples: int = 10_000) -> str:
-    """Each arm minus ``cold``, paired over the same test requests of every seed, overall and on each seed's
+def pooled(results: list[dict[str, Any]], baseline: str = "cold", resamples: int = 10_000) -> str:
+    """Each arm minus ``baseline``, paired over the same test requests of every seed, overall and on each seed's
     weakest source (round 1's dev figure), greedy and sampled."""
     from draftline.evaluate.intervals import compare
 
-    arms = [a for a in results[0]["runs"] if a not in ("round 1", "cold") and all(a in r["runs"] for r in results)]
-    header = ["arm minus cold", *(f"{s}, {w}" for s in ("greedy", "sampled") for w in ("overall", "weakest source"))]
+    arms = [a for a in results[0]["runs"] if a not in ("round 1", baseline) and all(a in r["runs"] for r in results)]
+    header = [f"arm minus {baseline}",
+              *(f"{s}, {w}" for s in ("greedy", "sampled") for w in ("overall", "weakest source"))]
     rows = []
     for arm in arms:
         cells = []
@@ -236,7 +251,7 @@ def pooled(results: list[dict[str, Any]], resamples: int = 10_000) -> str:
                 a, b = {}, {}
                 for r in results:
                     a.update(requests(r, arm, setting, only))
-                    b.update(requests(r, "cold", setting, only))
+                    b.update(requests(r, baseline, setting, only))
                 iv = compare(a, b, None, resamples, 0.95, 0)
                 cells.append(f"{iv.estimate:+.2f} [{iv.low:+.2f}, {iv.high:+.2f}] (n={iv.n})")
         rows.append([arm, *cells])
@@ -252,19 +267,24 @@ def main() -> None:
     ap.add_argument("--round1-total", type=int, default=ROUND1_TOTAL, help="round 1's blend.total (shipped: 1200)")
     ap.add_argument("--round2-total", type=int, default=ROUND2_TOTAL, help="new prompts in round 2")
     ap.add_argument("--third", action="store_true", help="add warm + steered at a third of round 1's steps")
+    ap.add_argument("--arms", nargs="*", default=DEFAULT_ARMS, choices=list(ARMS),
+                    help="round 2's arms (cold always first: every arm is compared with it)")
+    ap.add_argument("--versus", nargs="*", default=[], choices=list(ARMS),
+                    help="more baselines to compare every other arm with (e.g. steered)")
     ap.add_argument("--out", type=Path, default=None, help="write the seeds' results here (JSON lines)")
     ap.add_argument("--pool", type=Path, nargs="*", default=[], help="results written by --out to pool with these")
     args = ap.parse_args()
     results = [json.loads(line) for f in args.pool for line in f.read_text().splitlines()]
     for seed in args.seeds if not args.pool else []:
-        result = measure(seed, args.round1_total, args.round2_total, args.third)
+        arms = ["cold", *(a for a in args.arms if a != "cold")]
+        result = measure(seed, args.round1_total, args.round2_total, args.third, arms)
         if args.out:
             with open(args.out, "a", encoding="utf-8") as f:
                 f.write(json.dumps(result) + "\n")
         print(report(result), flush=True)
         results.append(result)
-    if results:
-        print(pooled(results), flush=True)
+    for baseline in ["cold", *args.versus] if results else []:
+        print(pooled(results, baseline), flush=True)
 
 
 if __name__ == "__main__":

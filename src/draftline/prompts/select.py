@@ -168,6 +168,7 @@ def drafter_scorer(params: SelectParams, info: TargetInfo, tokenizer: Any, enabl
             scores = score_windows(loaded["target"], loaded["proposer"], windows, params.anchors,
                                    params.batch_tokens, cache)
         stats["scored"] = stats.get("scored", 0) + len(windows)
+        stats["scored_tokens"] = stats.get("scored_tokens", 0) + sum(len(w.ids) for w in windows)
         stats["from_cache"] = stats.get("from_cache", 0) + len(windows) - (cache.computed - computed)
         stats["damaged_cache_files"] = cache.damaged
         stats["score_seconds"] = stats.get("score_seconds", 0.0) + time.perf_counter() - started
