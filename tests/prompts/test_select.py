@@ -169,14 +169,16 @@ def test_a_foreign_drafter_is_refused_in_one_line(tiny, tmp_path):
 
 def test_the_rank_correlation_reads_each_prompts_turns_from_the_evaluation() -> None:
     per_request = {"heldout/a#0": ["s", 10, 5], "heldout/a#1": ["s", 2, 2], "heldout/b#0": ["s", 9, 3],
-                   "heldout/c#0": ["t", 4, 4], "heldout/d#0": ["s", 8, 8], "gsm8k/x#0": ["gsm8k", 9, 1]}
+                   "heldout/c#0": ["t", 4, 4], "heldout/d#0": ["s", 8, 8], "heldout/e#0": ["s", 6, 4],
+                   "heldout/f#0": ["s", 5, 2], "heldout/g#0": ["s", 3, 1], "gsm8k/x#0": ["gsm8k", 9, 1]}
     measured = request_acceptance(per_request)
-    assert measured == {"a": 12 / 7, "b": 3.0, "c": 1.0, "d": 1.0}
-    scores = {"a": 2.0, "b": 3.5, "c": 1.2, "d": 1.1, "x": 4.0}
-    got = correlation(scores, {"a": "s", "b": "s", "c": "t", "d": "s"}, measured)
-    assert got["per_source"]["s"] == {"n": 3, "spearman": 1.0}
+    assert measured == {"a": 12 / 7, "b": 3.0, "c": 1.0, "d": 1.0, "e": 1.5, "f": 2.5, "g": 3.0}
+    scores = {"a": 2.0, "b": 3.5, "c": 1.2, "d": 1.1, "e": 1.9, "f": 2.5, "g": 3.4, "x": 4.0}
+    got = correlation(scores, {i: "t" if i == "c" else "s" for i in "abcdefg"}, measured)
+    s = got["per_source"]["s"]
+    assert s["n"] == 6 and 0.9 < s["spearman"] < 1.0 and s["ci"][0] < s["spearman"] < s["ci"][1] <= 1.0
     assert got["per_source"]["t"] == {"n": 1, "spearman": None}  # too few to rank
-    assert got["all"]["n"] == 4
+    assert got["all"]["n"] == 7
 
 
 def test_the_stage_picks_by_the_drafter_within_the_hash_amounts_and_reports_it(tiny, embedded_target, datasets_dir,

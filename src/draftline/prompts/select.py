@@ -190,16 +190,21 @@ def request_acceptance(per_request: dict[str, Any]) -> dict[str, float]:
 
 def correlation(scores: dict[str, float | None], sources: dict[str, str], measured: dict[str, float]) -> dict[str, Any]:
     """Spearman's rank correlation between score and measured acceptance, per source and over all prompts that have
-    both (``sources``: a prompt id's source)."""
+    both (``sources``: a prompt id's source), with a 95% interval (Fisher's z with Fieller's variance 1.06 / (n - 3),
+    the usual one for Spearman's rho; from 5 prompts)."""
     from scipy.stats import spearmanr
 
     both = [i for i in sorted(measured) if scores.get(i) is not None and i in sources]
 
     def rho(ids: list[str]) -> dict[str, Any]:
-        if len(ids) < 3:
+        if len(ids) < 5:
             return {"n": len(ids), "spearman": None}
         r = spearmanr([scores[i] for i in ids], [measured[i] for i in ids]).statistic
-        return {"n": len(ids), "spearman": None if math.isnan(r) else round(float(r), 4)}
+        if math.isnan(r):
+            return {"n": len(ids), "spearman": None}
+        z, half = math.atanh(max(min(r, 0.999999), -0.999999)), 1.96 * math.sqrt(1.06 / (len(ids) - 3))
+        return {"n": len(ids), "spearman": round(float(r), 4),
+                "ci": [round(math.tanh(z - half), 4), round(math.tanh(z + half), 4)]}
 
     per_source = {s: rho([i for i in both if sources[i] == s]) for s in sorted({sources[i] for i in both})}
     return {"all": rho(both), "per_source": per_source}
