@@ -92,7 +92,6 @@ class DrafterChoice:
 
     def reorder(self, pools: Sequence[Pool], selection: Selection, records: dict[str, PromptRecord]) -> list[Pool]:
         """Each weighted pool with its candidates first, in the rule's order (whole and weight-0 pools as they are)."""
-        started = time.perf_counter()
         candidates = {p.name: p.ids[: candidate_count(p, len(selection.train_ids[p.name]), self.params.pool)]
                       for p in pools if not p.whole and p.weight > 0}
         scores = self.score([records[i] for ids in candidates.values() for i in ids])
@@ -108,7 +107,6 @@ class DrafterChoice:
             self.report[p.name] = {"candidates": len(ids), "unscored": unscored,
                                    "pool": summary([filled[i] for i in ids]) if filled else {"count": 0},
                                    "filled": filled}
-        self.report["_seconds"] = time.perf_counter() - started
         return out
 
     def correlate(self, dev: dict[str, Any], records: Sequence[PromptRecord]) -> dict[str, Any]:
@@ -124,8 +122,6 @@ class DrafterChoice:
         out: dict[str, Any] = {"by": "drafter", "drafter": self.params.drafter, "rule": self.params.rule,
                                "pool": self.params.pool, "sources": {}}
         for name, x in self.report.items():
-            if name.startswith("_"):
-                continue
             chosen = [x["filled"][i] for i in selection.train_ids[name] if i in x["filled"]]
             out["sources"][name] = {"candidates": x["candidates"], "unscored": x["unscored"], "pool": x["pool"],
                                     "chosen": summary(chosen)}
