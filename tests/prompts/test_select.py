@@ -226,3 +226,17 @@ def test_the_stage_picks_by_the_drafter_within_the_hash_amounts_and_reports_it(t
     assert {s: x["candidates"] for s, x in report.items()} == {s: min(n, 6) for s, n in available.items()}
     plot = (tmp_path / "drafter-scores.csv").read_text().splitlines()
     assert plot[0] == "source,series,score" and len(plot) == 1 + 2 * len(sources)
+
+
+def test_a_drafter_outside_the_tracked_folder_is_refused_before_any_work(tmp_path):
+    import early_stages as run
+
+    from draftline.core.tracked import Untracked
+    from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
+
+    blend = default_params("blend", select={"by": "drafter", "drafter": str(tmp_path / "elsewhere" / "round1")})
+    settings = PromptsSettings(list(blend["sources"]), PromptsParams.parse(default_params("prompts"), "prompts"),
+                               DedupParams.parse(default_params("dedup"), "dedup"), BlendParams.parse(blend, "blend"),
+                               False)
+    with pytest.raises(Untracked, match="blend.select.drafter"):
+        run.prompts(tmp_path, settings)
