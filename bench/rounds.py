@@ -208,7 +208,7 @@ def report(r: dict[str, Any]) -> str:
             f"{x['greedy']['per_source'].get(source, 0):.2f} / {x['sampled']['per_source'].get(source, 0):.2f}"
             for x in runs.values()])
     rows.append(["train steps"] + [str(x["steps"]) for x in runs.values()])
-    rows.append(["tokens generated"] + [str(x.get("generated_tokens", "-")) for x in runs.values()])
+    rows.append(["tokens generated"] + [str((x.get("generated_tokens") or {}).get("total", "-")) for x in runs.values()])
     rows.append(["candidates scored / seconds"] + [
         f"{x['scoring']['scored']} / {x['scoring']['score_seconds']:.0f}" if (x.get("scoring") or {}).get("scored")
         else "-" for x in runs.values()])
