@@ -11,6 +11,7 @@ import torch
 from conftest import default_params
 from drafter_support import untrained_drafter
 
+from draftline.core.errors import Refusal
 from draftline.core.records import PromptRecord
 from draftline.core.target import load_model, load_target, load_tokenizer
 from draftline.drafter.config import DrafterMismatch
@@ -174,6 +175,8 @@ def test_the_rank_correlation_reads_each_prompts_turns_from_the_evaluation() -> 
     measured = request_acceptance(per_request)
     assert measured == {"a": 12 / 7, "b": 3.0, "c": 1.0, "d": 1.0, "e": 1.5, "f": 2.5, "g": 3.0}
     scores = {"a": 2.0, "b": 3.5, "c": 1.2, "d": 1.1, "e": 1.9, "f": 2.5, "g": 3.4, "x": 4.0}
+    with pytest.raises(Refusal, match="not \\[source, tokens, steps\\]"):
+        request_acceptance({"heldout/a#0": ["s", "ten", 5]})
     got = correlation(scores, {i: "t" if i == "c" else "s" for i in "abcdefg"}, measured)
     s = got["per_source"]["s"]
     assert s["n"] == 6 and 0.9 < s["spearman"] < 1.0 and s["ci"][0] < s["spearman"] < s["ci"][1] <= 1.0

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from draftline.core.errors import Refusal
 from draftline.core.fingerprint import code_digest, folder_digest
 from draftline.core.logs import get_logger
 from draftline.core.records import PromptRecord, TargetInfo
@@ -31,6 +32,7 @@ from draftline.core.scratch import scratch_dir
 from draftline.prompts.blend import Pool, Selection, hash_rank
 from draftline.prompts.params import BlendParams, SelectParams
 from draftline.prompts.score import ScoreCache, candidate_key, score_windows, window
+from draftline.prompts.steer import heldout_prompt
 
 log = get_logger("draftline.prompts.select")
 
@@ -177,10 +179,14 @@ def request_acceptance(per_request: dict[str, Any]) -> dict[str, float]:
     """Each held-out prompt's acceptance in an evaluation's ``per_request`` (``heldout/<id>#<turn>``: [source,
     tokens produced, steps]): its turns' tokens over their steps."""
     produced: dict[str, list[float]] = {}
-    for key, (_, tokens, steps) in per_request.items():
-        if key.startswith("heldout/"):
-            t = produced.setdefault(key.split("/", 1)[1].rsplit("#", 1)[0], [0.0, 0.0])
-            t[0], t[1] = t[0] + tokens, t[1] + steps
+    for key, figure in per_request.items():
+        if (i := heldout_prompt(key)) is None:
+            continue
+        if not (isinstance(figure, list) and len(figure) == 3 and all(isinstance(x, int | float) for x in figure[1:])):
+            raise Refusal(f"blend.select.eval: per_request[{key!r}] is {figure!r}, not [source, tokens, steps]: "
+                          "evaluate that drafter again (dvc repro evaluate) and keep the new report")
+        t = produced.setdefault(i, [0.0, 0.0])
+        t[0], t[1] = t[0] + figure[1], t[1] + figure[2]
     return {i: t / s for i, (t, s) in produced.items() if s}
 
 

@@ -74,6 +74,11 @@ def steer_factors(weights: Mapping[str, float], dev: Mapping[str, Any], setting:
             for s, a in acceptance.items()}
 
 
+def heldout_prompt(key: str) -> str | None:
+    """The prompt id of an evaluation's ``per_request`` key (``heldout/<id>#<turn>``); None for a set's request."""
+    return key.split("/", 1)[1].rsplit("#", 1)[0] if key.startswith("heldout/") else None
+
+
 def check_prompt_set(dev: Mapping[str, Any], setting: str, dev_ids: set[str], path: Path) -> None:
     """The evaluation's held-out dev prompts must be this stage's: another prompt set (other samples, seed or
     ``blend.eval`` quotas) measured other prompts, and its per-source figures would steer by them. Refused in one
@@ -83,7 +88,7 @@ def check_prompt_set(dev: Mapping[str, Any], setting: str, dev_ids: set[str], pa
     if not isinstance(requests, dict):
         raise Refusal(f"blend.steer.eval: {path} has no per-request figures in its dev split, so which prompts it "
                       "measured is unknown: evaluate that drafter again (dvc repro evaluate) and keep the new report")
-    theirs = {key.split("/", 1)[1].rsplit("#", 1)[0] for key in requests if key.startswith("heldout/")}
+    theirs = {i for key in requests if (i := heldout_prompt(key))}
     foreign = sorted(theirs - dev_ids)
     if foreign:
         raise Refusal(f"blend.steer.eval: {path} evaluated another prompt set: {len(foreign)} of its {len(theirs)} "
