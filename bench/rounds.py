@@ -143,7 +143,8 @@ STEER = ("blend.steer={eval: data/drafters/round1.eval.json, setting: sampled, s
 SELECT = ("blend.select.by=drafter", "blend.select.drafter=data/drafters/round1",
           "blend.select.eval=data/drafters/round1.eval.json")
 ARMS = {"cold": (), "warm": WARM, "steered": STEER, "warm + steered": WARM + STEER, "selected": SELECT,
-        "selected + steered": SELECT + STEER}
+        "selected + steered": SELECT + STEER, "selected, sample": SELECT + ("blend.select.rule=sample",),
+        "selected, mix": SELECT + ("blend.select.rule=mix",)}
 DEFAULT_ARMS = ["cold", "warm", "steered", "warm + steered"]
 
 
@@ -261,6 +262,21 @@ def pooled(results: list[dict[str, Any]], baseline: str = "cold", resamples: int
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def merge_seeds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per seed: the arms of every run of that seed together. Runs of one seed must agree on round 1
+    (the same params and inputs give the same figures), else pooling them would pair different rounds."""
+    def measured(r1: dict[str, Any]) -> dict[str, Any]:
+        return {k: v["requests"] for k, v in r1.items() if isinstance(v, dict) and "requests" in v}
+
+    by_seed: dict[int, dict[str, Any]] = {}
+    for r in results:
+        have = by_seed.setdefault(r["seed"], {**r, "runs": {}})
+        if "round 1" in have["runs"] and measured(have["runs"]["round 1"]) != measured(r["runs"]["round 1"]):
+            raise SystemExit(f"seed {r['seed']}: two runs disagree on round 1; they cannot be pooled")
+        have["runs"].update(r["runs"])
+    return list(by_seed.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
@@ -268,15 +284,16 @@ def main() -> None:
     ap.add_argument("--round2-total", type=int, default=ROUND2_TOTAL, help="new prompts in round 2")
     ap.add_argument("--third", action="store_true", help="add warm + steered at a third of round 1's steps")
     ap.add_argument("--arms", nargs="*", default=DEFAULT_ARMS, choices=list(ARMS),
-                    help="round 2's arms (cold always first: every arm is compared with it)")
+                    help="round 2's arms (every arm is compared with cold: leave it out only to pool with a file "
+                         "that has it)")
     ap.add_argument("--versus", nargs="*", default=[], choices=list(ARMS),
                     help="more baselines to compare every other arm with (e.g. steered)")
     ap.add_argument("--out", type=Path, default=None, help="write the seeds' results here (JSON lines)")
     ap.add_argument("--pool", type=Path, nargs="*", default=[], help="results written by --out to pool with these")
     args = ap.parse_args()
-    results = [json.loads(line) for f in args.pool for line in f.read_text().splitlines()]
+    results = merge_seeds([json.loads(line) for f in args.pool for line in f.read_text().splitlines()])
     for seed in args.seeds if not args.pool else []:
-        arms = ["cold", *(a for a in args.arms if a != "cold")]
+        arms = [*(["cold"] if "cold" in args.arms else []), *(a for a in args.arms if a != "cold")]
         result = measure(seed, args.round1_total, args.round2_total, args.third, arms)
         if args.out:
             with open(args.out, "a", encoding="utf-8") as f:

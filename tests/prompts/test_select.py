@@ -75,6 +75,10 @@ def test_hardest_first_and_the_weighted_draw_is_deterministic() -> None:
     assert all(scores[i] == 4.0 for i in drawn[-10:])  # weight 0 (nothing to gain) comes last
     first = drawn[:20]
     assert sum(scores[i] == 1.0 for i in first) > sum(scores[i] == 3.0 for i in first)
+    mixed = order_by_rule(ids, scores, "mix", 0, BLOCK)
+    assert sorted(mixed) == sorted(ids)  # every candidate once
+    # alternately the hardest left (r0, r4, ...) and the next in hash rank not yet taken (r1, r2, ...)
+    assert mixed[:6] == ["r0", "r1", "r4", "r2", "r8", "r3"]
 
 
 @pytest.fixture(scope="module")

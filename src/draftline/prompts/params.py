@@ -88,8 +88,9 @@ class SelectParams(Params):
     drafter: str | None
     # Candidates scored per row taken: the first pool x rows of a source's hash rank are scored.
     pool: float
-    # hardest: lowest score first; sample: drawn without replacement with weight (block size - score).
-    rule: Literal["hardest", "sample"]
+    # hardest: lowest score first; sample: drawn without replacement with weight (block size - score); mix:
+    # alternately the hardest left and the next in hash rank.
+    rule: Literal["hardest", "sample", "mix"]
     # Anchors (drafted blocks) per candidate, spread evenly over its reference answer.
     anchors: int
     # Tokens scored per candidate at most: the answer's first max_tokens // 2, after the prompt's last tokens.

@@ -8,7 +8,9 @@ in hash rank; the blend then runs again on that order. So the amounts per source
 
 Rules: ``hardest`` takes the lowest scores first (ties by hash rank); ``sample`` draws without replacement with
 weight block size - score (the tokens a verification step loses), by an exponential race keyed by the hash of
-the id (Efraimidis-Spirakis), so it is deterministic and a source's easy prompts still get some rows.
+the id (Efraimidis-Spirakis), so it is deterministic and a source's easy prompts still get some rows; ``mix``
+takes alternately the hardest candidate left and the next one in hash rank (half the rows by difficulty, half as
+without a drafter).
 
 Invariants: the held-out dev / test prompts are set aside by hash before any of this, so the ruler never depends on
 the drafter; whole sources are taken in full and never scored; a candidate without a usable answer takes its
@@ -44,14 +46,30 @@ def candidate_count(pool: Pool, taken: int, factor: float) -> int:
 
 def order_by_rule(ids: Sequence[str], scores: dict[str, float], rule: str, seed: int, block_size: int) -> list[str]:
     """``ids`` (candidates, in hash rank) in the order ``rule`` takes them (module docstring)."""
+    hardest = [i for _, _, i in sorted((scores[i], n, i) for n, i in enumerate(ids))]
     if rule == "hardest":
-        return [i for _, _, i in sorted((scores[i], n, i) for n, i in enumerate(ids))]
+        return hardest
+    if rule == "mix":
+        return alternate(hardest, ids)
 
     def race(i: str) -> float:  # Exp(weight) race: the smallest key is drawn first
         u = (hash_rank(seed, f"select:{i}") + 0.5) / 2**64
         return -math.log(u) / max(block_size - scores[i], 1e-3)
 
     return sorted(ids, key=lambda i: (race(i), i))
+
+
+def alternate(first: Sequence[str], second: Sequence[str]) -> list[str]:
+    """The ids of ``first`` (``second`` holds the same ids), taken alternately from each order, each time its next id
+    not yet taken."""
+    taken: dict[str, None] = {}
+    orders = [iter(first), iter(second)]
+    while len(taken) < len(first):
+        for order in orders:
+            nxt = next((i for i in order if i not in taken), None)
+            if nxt is not None:
+                taken[nxt] = None
+    return list(taken)
 
 
 def reorder(pool: Pool, front: list[str]) -> Pool:
