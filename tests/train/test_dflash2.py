@@ -18,7 +18,7 @@ from draftline.core.params import ParamsError
 from draftline.drafter.config import build_target_layer_ids, make_config
 from draftline.drafter.model import DFlashDrafter
 from draftline.train.data import collate
-from draftline.train.objective import dflash_loss, pack_features
+from draftline.train.objective import SelectorObjective, dflash_loss, pack_features, selector_loss
 from draftline.train.params import TrainParams
 
 
@@ -65,16 +65,18 @@ def _fresh_dflash2(workdir):
     return target, drafter, collate(dataset, order[:4], 64)
 
 
-def test_the_selector_loss_trains_the_selector_alone(workdir):
-    """The selector's loss reaches the selector's weights and leaves the drafter's layers to the block loss."""
+def test_the_selector_loss_trains_the_selector_alone_unless_told_to_train_the_drafter(workdir):
+    """The selector's loss reaches the selector's weights and leaves the drafter's layers to the block loss; with
+    ``selector_trains_drafter`` it reaches the layers too."""
     target, drafter, batch = _fresh_dflash2(workdir)
     feats, _ = pack_features(target, batch, [1, 3])
 
-    def grads(weight, gold_outside_top_k="drop"):
+    def grads(weight, gold_outside_top_k="drop", trains_drafter=False):
         drafter.zero_grad()
         stats = dflash_loss(drafter, feats, batch, anchors_per_seq=4, gamma=4.0,
-                            generator=torch.Generator().manual_seed(0), selector_weight=weight,
-                            gold_outside_top_k=gold_outside_top_k)
+                            generator=torch.Generator().manual_seed(0),
+                            selector=SelectorObjective(weight, outside_top_k=gold_outside_top_k,
+                                                       trains_drafter=trains_drafter))
         stats.loss.backward()
         return stats, {n: p.grad.clone() if p.grad is not None else None for n, p in drafter.named_parameters()}
 
@@ -95,6 +97,14 @@ def test_the_selector_loss_trains_the_selector_alone(workdir):
     i_loss, i_in_top, i_picks, i_labels = inserted.selector.tolist()
     assert (i_in_top, i_labels) == (in_top, labels) and i_loss > loss
     assert float(inserted.loss) > float(with_selector.loss)
+    # selector_trains_drafter: the same loss, and now it also moves the layers (speculators' way); the selector's
+    # own gradients are those of the detached loss.
+    through, g2 = grads(1.0, trains_drafter=True)
+    torch.testing.assert_close(through.loss, with_selector.loss, rtol=0, atol=0)
+    moved = [n for n, g in g2.items() if "candidate_selector" not in n and not torch.equal(g, g0[n])]
+    assert any(n.startswith("layers.") for n in moved)
+    for name in (n for n in g1 if "candidate_selector" in n):
+        torch.testing.assert_close(g2[name], g1[name])
 
 
 def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(workdir):
@@ -108,8 +118,8 @@ def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(wor
         feats, final = pack_features(target, pack, [1, 3], final=True)
         with torch.no_grad():
             return dflash_loss(drafter, feats, pack, anchors_per_seq=4, gamma=4.0,
-                               generator=torch.Generator().manual_seed(0), selector_weight=1.0,
-                               selector_labels=selector_labels, target_final=final)
+                               generator=torch.Generator().manual_seed(0),
+                               selector=SelectorObjective(1.0, selector_labels), target_final=final)
 
     data, real = stats(batch, "data"), stats(batch, "target")
     assert not torch.equal(real.selector, data.selector)
@@ -222,3 +232,23 @@ def test_dflash2_under_two_process_gloo_ddp(tmp_path, workdir):
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((root / "reports" / "train.json").read_text())
     assert report["architecture"] == "dflash2" and 0 <= report["selector_accuracy"] <= 1
+
+
+def test_an_argmax_share_of_one_makes_the_soft_label_the_hard_one(workdir):
+    """``selector_argmax_share``: 1 turns the target's distribution into the one-hot of its argmax (here a candidate
+    everywhere), so the loss is the hard ``target`` label's; 0 keeps the distribution, a different loss."""
+    _, drafter, _ = _fresh_dflash2(workdir)
+    g = torch.Generator().manual_seed(0)
+    n = 6
+    hidden = torch.randn(n, drafter.config.hidden_size, generator=g)
+    logits = torch.randn(n, drafter.config.vocab_size, generator=g)
+    target_logits = logits * 2  # the same argmax: a candidate at every position
+    gold, previous, w = target_logits.argmax(-1), torch.zeros(n, dtype=torch.long), torch.ones(n)
+
+    def loss(objective, soft=None):
+        return selector_loss(drafter, hidden, logits, previous, gold, w, objective, soft)[0]
+
+    hard = loss(SelectorObjective(labels="target"))
+    torch.testing.assert_close(loss(SelectorObjective(labels="target_distribution", argmax_share=1.0), target_logits),
+                               hard)
+    assert not torch.allclose(loss(SelectorObjective(labels="target_distribution"), target_logits), hard)

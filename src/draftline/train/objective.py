@@ -61,6 +61,20 @@ class StepStats:
     selector: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class SelectorObjective:
+    """DFlash 2's selector loss as ``params.yaml: train.dflash2`` sets it (:func:`selector_loss`): its weight this
+    step, its label (``data``, ``target`` or ``target_distribution``), with ``target_distribution`` the share of the
+    target's argmax mixed into the soft label, what a hard gold token outside the top K does, and whether the loss
+    also trains the drafter's layers."""
+
+    weight: float = 0.0
+    labels: str = "data"
+    argmax_share: float = 0.0
+    outside_top_k: str = "drop"
+    trains_drafter: bool = False
+
+
 def draft_blocks(drafter: nn.Module, features: torch.Tensor, batch: Batch, anchors: torch.Tensor) -> torch.Tensor:
     """The drafter's hidden states ``[1, n * B, hidden]`` of the blocks at a pack's sorted ``anchors`` ``[1, n]``:
     each block its anchor token and B - 1 mask tokens at the anchor's positions in its row, seeing its row's context
@@ -85,9 +99,7 @@ def dflash_loss(
     anchors_per_token: bool = False,
     labels: dict[str, float] | None = None,
     target_final: torch.Tensor | None = None,
-    selector_weight: float = 0.0,
-    selector_labels: str = "data",
-    gold_outside_top_k: str = "drop",
+    selector: SelectorObjective = SelectorObjective(),
 ) -> StepStats:
     """The DFlash objective on one pack, given the target's ``features`` of it (:func:`pack_features`): up to
     ``anchors_per_seq`` blocks per row, or as many in all spread over the pack's candidates (``anchors_per_token``).
@@ -98,7 +110,7 @@ def dflash_loss(
     divergence from the target's whole next-token distribution to the drafter's: what verification by rejection
     sampling accepts). The target's choices come from ``target_final``, its last hidden state ``[b, s, hidden]``,
     needed by any loss but ``data``; DFlash 2's selector learns the data's token, the target's greedy choice or the
-    target's distribution over its candidates (``selector_labels``).
+    target's distribution over its candidates (``selector``).
 
     ``drafter`` may be DDP-wrapped; ``core`` below is the bare :class:`DFlashDrafter`. Logits are only computed
     where a label has weight, which keeps the vocabulary-sized tensors as small as they can be.
@@ -129,15 +141,15 @@ def dflash_loss(
         hit = (logits.argmax(-1) == label_ids).float()
         correct = torch.zeros(B, device=w.device).index_add_(0, pos, hit)
         counted = torch.zeros(B, device=w.device).index_add_(0, pos, torch.ones_like(hit))
-    selector = torch.zeros(4, device=w.device)
+    selector_stats = torch.zeros(4, device=w.device)
     if core.candidate_selector is not None:
         # The token before each label: the anchor at block position 1, the previous label after it (teacher forcing).
         previous = torch.cat([tokens[..., :1], tokens[..., :-1]], dim=-1).flatten()[used]
-        gold = data_ids if selector_labels == "data" else target_choice
-        soft = target_logits if selector_labels == "target_distribution" else None
-        sel_loss, selector = selector_loss(core, h, logits, previous, gold, w, gold_outside_top_k, soft)
-        loss = loss + selector_weight * sel_loss
-    return StepStats(loss, correct, counted, selector)
+        gold = data_ids if selector.labels == "data" else target_choice
+        soft = target_logits if selector.labels == "target_distribution" else None
+        sel_loss, selector_stats = selector_loss(core, h, logits, previous, gold, w, selector, soft)
+        loss = loss + selector.weight * sel_loss
+    return StepStats(loss, correct, counted, selector_stats)
 
 
 def block_losses(logits: torch.Tensor, data_ids: torch.Tensor, target_logits: torch.Tensor | None,
@@ -157,20 +169,25 @@ def block_losses(logits: torch.Tensor, data_ids: torch.Tensor, target_logits: to
 
 
 def selector_loss(core: DFlashDrafter, hidden: torch.Tensor, logits: torch.Tensor, previous: torch.Tensor,
-                  gold: torch.Tensor, weights: torch.Tensor, gold_outside_top_k: str,
+                  gold: torch.Tensor, weights: torch.Tensor, objective: SelectorObjective,
                   target_logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """DFlash 2's selector objective: a K-way cross-entropy over each position's top-K candidates, weighted by the
     block position's weight. Its label is the gold token's index, or with ``target_logits`` the target's whole
     distribution over the candidates (renormalised to them): the selector then learns the target's own choice
-    among them for greedy walks and its probabilities for sampled ones (q = softmax of the scores).
+    among them for greedy walks and its probabilities for sampled ones (q = softmax of the scores); with
+    ``objective.argmax_share`` s that soft label is (1 - s) x the distribution + s x the one-hot of the target's argmax
+    where the argmax is a candidate (a sharper pick for greedy walks).
 
-    The drafter's hidden states and logits enter detached: the block loss alone trains the layers (and the
-    convolutions), the selector loss trains the selector, so a warm-started DFlash 2 drafter's layers learn what a
-    DFlash 1 drafter's would. A hard gold token outside the top K is dropped (no selector loss there) or inserted in
-    place of the K-th candidate (``gold_outside_top_k``). Returns the loss and ``[loss, gold in top K, selector picks
+    Unless ``objective.trains_drafter``, the drafter's hidden states and logits enter detached: the block loss alone
+    trains the layers (and the convolutions), the selector loss trains the selector, so a warm-started DFlash 2
+    drafter's layers learn what a DFlash 1 drafter's would. Else the selector's loss also trains the layers, through
+    the candidates' logits and the hidden states it scores (speculators' way): the layers learn to rank the label
+    first among the candidates, which is what a greedy walk needs. A hard gold token outside the top K is dropped
+    (no selector loss there) or inserted in place of the K-th candidate (``objective.outside_top_k``). Returns the loss and ``[loss, gold in top K, selector picks
     gold, labels]`` (sums over the batch, for the loss curve)."""
     selector = core.candidate_selector
-    hidden, logits = hidden.detach(), logits.detach()
+    if not objective.trains_drafter:
+        hidden, logits = hidden.detach(), logits.detach()
     unary, candidates = selector.candidates(logits)
     is_gold = candidates == gold[:, None]
     in_top = is_gold.any(-1)
@@ -178,9 +195,11 @@ def selector_loss(core: DFlashDrafter, hidden: torch.Tensor, logits: torch.Tenso
     keep = in_top
     if target_logits is not None:
         keep = torch.ones_like(in_top)
-    elif gold_outside_top_k == "insert":
+    elif objective.outside_top_k == "insert":
         last = selector.top_k - 1
         out = ~in_top
+        # On copies: topk's backward reads its indices, and the logits may carry gradient (not detached).
+        candidates, unary = candidates.clone(), unary.clone()
         candidates[out, last] = gold[out]
         unary[out, last] = logits[out].gather(-1, gold[out, None])[:, 0]
         label = torch.where(in_top, label, torch.full_like(label, last))
@@ -191,6 +210,8 @@ def selector_loss(core: DFlashDrafter, hidden: torch.Tensor, logits: torch.Tenso
         ce = F.cross_entropy(scores, label, reduction="none")
     else:
         soft = F.softmax(target_logits.detach().gather(-1, candidates), dim=-1)
+        share = objective.argmax_share * in_top.float()[:, None]
+        soft = (1 - share) * soft + share * is_gold.float()
         ce = -(soft * F.log_softmax(scores, dim=-1)).sum(-1)
     loss = (ce * w).sum() / w.sum().clamp_min(1e-9)
     with torch.no_grad():

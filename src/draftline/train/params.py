@@ -23,7 +23,9 @@ class DFlash2Params(Params):
     selector_loss_weight: float
     selector_warmup_ratio: float
     selector_labels: Literal["data", "target", "target_distribution"]
+    selector_argmax_share: float
     gold_outside_top_k: Literal["drop", "insert"]
+    selector_trains_drafter: bool
 
     def validate(self, where: str) -> None:
         if min(self.conv_kernel_size, self.conv_group_size, self.selector_rank) < 1 or self.selector_top_k < 2:
@@ -32,6 +34,8 @@ class DFlash2Params(Params):
         if self.selector_loss_weight < 0 or not 0 <= self.selector_warmup_ratio <= 1:
             raise ParamsError(f"params.yaml: {where}: selector_loss_weight must be >= 0 and selector_warmup_ratio in "
                               f"[0, 1]")
+        if not 0 <= self.selector_argmax_share <= 1:
+            raise ParamsError(f"params.yaml: {where}: selector_argmax_share must be in [0, 1]")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from draftline.drafter.model import DFlashDrafter
 from draftline.train.data import Batch, BatchPlan, collate, pack_rows, pack_shapes
 from draftline.train.features import FeatureCache, cache_bytes
 from draftline.train.memory import GB, Preflight, Shapes, preflight
-from draftline.train.objective import dflash_loss, pack_features
+from draftline.train.objective import SelectorObjective, dflash_loss, pack_features
 from draftline.train.params import NOT_IN_KEY, TrainParams
 from draftline.train.state import load_latest, save_state, state_key
 from draftline.train.warm_start import warm_start
@@ -104,6 +104,11 @@ class Run:
         ramp = math.ceil(d2.selector_warmup_ratio * self.steps_total)
         return d2.selector_loss_weight * (1.0 if ramp == 0 else min(1.0, (step + 1) / ramp))
 
+    def selector_objective(self, step: int) -> SelectorObjective:
+        d2 = self.cfg.dflash2
+        return SelectorObjective(self.selector_weight(step), d2.selector_labels, d2.selector_argmax_share,
+                                 d2.gold_outside_top_k, d2.selector_trains_drafter)
+
     def loss(self, model, rows: np.ndarray, batch: Batch, generator, step: int = 0):
         with torch.autocast(self.d.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if self.features is not None:
@@ -113,9 +118,7 @@ class Run:
             return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq, gamma=self.cfg.gamma,
                                generator=generator, anchors_per_token=self.cfg.anchor_sampling == "per_token",
                                labels=asdict(self.cfg.labels), target_final=final,
-                               selector_weight=self.selector_weight(step),
-                               selector_labels=self.cfg.dflash2.selector_labels,
-                               gold_outside_top_k=self.cfg.dflash2.gold_outside_top_k)
+                               selector=self.selector_objective(step))
 
     @property
     def needs_final(self) -> bool:
