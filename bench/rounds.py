@@ -301,7 +301,8 @@ def main() -> None:
         print(report(result), flush=True)
         results.append(result)
     for baseline in ["cold", *args.versus] if results else []:
-        print(pooled(results, baseline), flush=True)
+        if all(baseline in r["runs"] for r in results):  # else: pool these results with a file that has it
+            print(pooled(results, baseline), flush=True)
 
 
 if __name__ == "__main__":
