@@ -197,6 +197,8 @@ def test_a_starting_drafter_outside_the_tracked_folder_is_refused_with_the_fix(t
 def test_params_name_a_bad_dflash2_section():
     with pytest.raises(ParamsError, match="gold_outside_top_k"):
         TrainParams.parse(S.small_params(dflash2=dflash2(gold_outside_top_k="keep")), "train")
+    with pytest.raises(ParamsError, match="selector_argmax_share is read only with selector_labels: target_distribution"):
+        TrainParams.parse(S.small_params(dflash2=dflash2(selector_labels="target", selector_argmax_share=0.5)), "train")
     with pytest.raises(ParamsError, match="max_window_layers"):
         TrainParams.parse(S.small_params(sliding_window=8, max_window_layers=1), "train")
 

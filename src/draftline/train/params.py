@@ -36,6 +36,10 @@ class DFlash2Params(Params):
                               f"[0, 1]")
         if not 0 <= self.selector_argmax_share <= 1:
             raise ParamsError(f"params.yaml: {where}: selector_argmax_share must be in [0, 1]")
+        if self.selector_argmax_share and self.selector_labels != "target_distribution":
+            # the share mixes the argmax into the soft label; with any other label it would be silently ignored
+            raise ParamsError(f"params.yaml: {where}: selector_argmax_share is read only with selector_labels: "
+                              f"target_distribution (it is {self.selector_labels}); set it to 0")
 
 
 @dataclass(frozen=True)
