@@ -94,12 +94,8 @@ def figures(root: Path) -> dict[str, Any]:
     with open(root / "plots/eval_steps.jsonl", encoding="utf-8") as f:
         steps = [json.loads(line) for line in f]
     generate = json.loads((root / "reports/generate.json").read_text())
-    prompts = json.loads((root / "reports/prompts.json").read_text())
-    prompts_run = json.loads((root / "reports/prompts.run.json").read_text())
     out: dict[str, Any] = {"steps": json.loads((root / "metrics/train.json").read_text())["steps"],
-                           "generation": generate.get("speculative"), "select": prompts.get("select"),
-                           "scoring": {k: prompts_run.get(k) for k in ("scored", "scored_tokens", "from_cache",
-                                                                        "score_seconds")},
+                           "generation": generate.get("speculative"),
                            "generated_tokens": generate.get("output_tokens")}
     for name, s in report[SPLIT].items():
         heldout = s["per_set"]["heldout"]
@@ -139,12 +135,7 @@ def keep_round1(root: Path, env: dict[str, str]) -> None:
 # What each arm takes from round 1 (``dvc exp run -S`` values); every arm also has round 1's merged set as its base.
 WARM = ("train.init_from=data/drafters/round1", "generate.draft_model=data/drafters/round1")
 STEER = ("blend.steer={eval: data/drafters/round1.eval.json, setting: sampled, strength: 1.0}",)
-# Rows picked within each source by round 1's drafter (issue 35), its dev evaluation giving the score's correlation.
-SELECT = ("blend.select.by=drafter", "blend.select.drafter=data/drafters/round1",
-          "blend.select.eval=data/drafters/round1.eval.json")
-ARMS = {"cold": (), "warm": WARM, "steered": STEER, "warm + steered": WARM + STEER, "selected": SELECT,
-        "selected + steered": SELECT + STEER, "selected, sample": SELECT + ("blend.select.rule=sample",),
-        "selected, mix": SELECT + ("blend.select.rule=mix",)}
+ARMS = {"cold": (), "warm": WARM, "steered": STEER, "warm + steered": WARM + STEER}
 DEFAULT_ARMS = ["cold", "warm", "steered", "warm + steered"]
 
 
@@ -210,9 +201,6 @@ def report(r: dict[str, Any]) -> str:
             for x in runs.values()])
     rows.append(["train steps"] + [str(x["steps"]) for x in runs.values()])
     rows.append(["tokens generated"] + [str((x.get("generated_tokens") or {}).get("total", "-")) for x in runs.values()])
-    rows.append(["candidates scored / seconds"] + [
-        f"{x['scoring']['scored']} / {x['scoring']['score_seconds']:.0f}" if (x.get("scoring") or {}).get("scored")
-        else "-" for x in runs.values()])
     rows.append(["generation: acceptance / forwards saved"] + [
         "-" if not x.get("generation") else f"{x['generation']['acceptance']:.2f} / {x['generation']['forwards_saved']:.0%}"
         for x in runs.values()])

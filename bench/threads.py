@@ -106,7 +106,7 @@ def _prompts(tmp: Path, _steps: int, _prompts: int) -> float:
     args = PromptsArgs(conversations=DATA / "conversations", target=DATA / "target" / "target.json", out=tmp / "p",
                        metrics=tmp / "m.json", report=tmp / "r.json", plot=tmp / "mix.csv",
                        plot_shares=tmp / "shares.csv", plot_languages=tmp / "languages.csv",
-                       plot_scores=tmp / "scores.csv", drafters=DATA / "drafters",
+                       drafters=DATA / "drafters",
                        bases=DATA / "bases")
     return execute("prompts", run_prompts, load(), args).run["stage_seconds"]
 

@@ -46,6 +46,6 @@ def prompts(root: Path, settings: PromptsSettings, out: Path | None = None, conv
         conversations=conversations_dir or root / "conversations", target=(target_dir or root / "target") / "target.json",
         out=out, metrics=out.parent / f"{out.name}-metrics.json", report=out.parent / f"{out.name}-report.json",
         plot=out.parent / f"{out.name}-mix.csv", plot_shares=out.parent / f"{out.name}-shares.csv",
-        plot_languages=out.parent / f"{out.name}-languages.csv", plot_scores=out.parent / f"{out.name}-scores.csv",
+        plot_languages=out.parent / f"{out.name}-languages.csv",
         drafters=drafters or root / "drafters",
         bases=root / "bases"))

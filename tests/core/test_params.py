@@ -99,7 +99,7 @@ def test_a_stage_script_refuses_a_misspelt_key_before_any_work(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     paths = [arg for flag in ("conversations", "target", "out", "metrics", "report", "plot", "plot-shares", "plot-languages",
-                              "plot-scores", "drafters", "bases")
+                              "drafters", "bases")
              for arg in (f"--{flag}", f"out/{flag}")]
     run = subprocess.run([sys.executable, str(REPO / "stages" / "prompts.py"), *paths], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)

@@ -82,7 +82,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 BLEND = {"total": 40, "unit": "samples", "seed": 0, "eval": {"dev": 1, "test": 1}, "sources": {"codefeedback": {"whole": True}, "glaive": {"weight": 2}},
-         "target_mix": None, "max_domain_share": None, "steer": None, "select": default_params("blend")["select"]}
+         "target_mix": None, "max_domain_share": None, "steer": None}
 
 
 @pytest.mark.parametrize("total", [17, 40])
@@ -157,7 +157,7 @@ def _script_argv(env: Path, target_json: Path, o: Path) -> list[str]:
     return ["--conversations", str(_conversations(env, {n: a for n, (_, a) in SOURCES.items()})), "--target",
             str(target_json), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
             "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
-            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"), "--plot-scores", str(o / "scores.csv"),
+            "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"),
             "--drafters", str(env / "drafters"), "--bases", str(env / "bases")]
 
 

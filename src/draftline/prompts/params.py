@@ -78,45 +78,6 @@ class SteerParams(Params):
 
 
 @dataclass(frozen=True)
-class SelectParams(Params):
-    """``blend.select``: how rows are picked within each source's amount (prompts/select.py). ``by: hash`` takes
-    them in hash rank; ``by: drafter`` scores candidates with a previous round's drafter and the target
-    (prompts/score.py) and takes the ones it drafts worst first (``rule``)."""
-
-    by: Literal["hash", "drafter"]
-    # A drafter folder under data/drafters/ (by: drafter).
-    drafter: str | None
-    # Candidates scored per row taken: the first pool x rows of a source's hash rank are scored.
-    pool: float
-    # hardest: lowest score first; sample: drawn without replacement with weight (block size - score); mix:
-    # alternately the hardest left and the next in hash rank.
-    rule: Literal["hardest", "sample", "mix"]
-    # Anchors (drafted blocks) per candidate, spread evenly over its reference answer.
-    anchors: int
-    # Tokens scored per candidate at most: the answer's first max_tokens // 2, after the prompt's last tokens.
-    max_tokens: int
-    # Candidates are scored in batches of at most this many (padded) tokens.
-    batch_tokens: int
-    # A previous evaluation of the same drafter (its reports/eval.json, under data/drafters/): the dev prompts are
-    # scored too, and each source's rank correlation between score and measured acceptance is reported.
-    eval: str | None
-    device: str
-    dtype: Literal["float32", "bfloat16", "float16", "auto"]
-    threads: int
-
-    def validate(self, where: str) -> None:
-        if self.by == "drafter" and not self.drafter:
-            raise ParamsError(f"params.yaml: {where}.drafter must name a drafter folder under data/drafters/ "
-                              "when by: drafter")
-        if self.pool < 1 or not math.isfinite(self.pool):
-            raise ParamsError(f"params.yaml: {where}.pool must be >= 1 (candidates scored per row taken), "
-                              f"not {self.pool}")
-        if self.anchors < 1 or self.max_tokens < 8 or self.batch_tokens < self.max_tokens:
-            raise ParamsError(f"params.yaml: {where}: anchors must be >= 1, max_tokens >= 8 and batch_tokens >= "
-                              f"max_tokens, not {self.anchors}, {self.max_tokens}, {self.batch_tokens}")
-
-
-@dataclass(frozen=True)
 class HeldOutParams(Params):
     """``blend.eval``: prompts per source held out for the evaluate stage, per split (core/splits.py)."""
 
@@ -143,8 +104,6 @@ class BlendParams(Params):
     max_domain_share: float | None
     # Source weights scaled by how far each source's acceptance lags the best one's (prompts/steer.py), or None.
     steer: SteerParams | None
-    # How rows are picked within each source's amount: by hash rank, or by a previous round's drafter.
-    select: SelectParams
 
     def validate(self, where: str) -> None:
         for key in ("total", "seed"):

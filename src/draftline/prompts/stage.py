@@ -43,12 +43,12 @@ from draftline.core.records import (
 )
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import RowError, Skips
-from draftline.core.splits import DEV, split_of
+from draftline.core.splits import split_of
 from draftline.core.target import load_target, load_tokenizer
 from draftline.core.tracked import require_tracked
 from draftline.prompts.aim import aimed_selection, check_max_share
 from draftline.prompts.base import base_mix, base_prompt_ids
-from draftline.prompts.blend import Pool, Selection, hash_rank, select, source_plan, split_eval
+from draftline.prompts.blend import Pool, hash_rank, select, source_plan, split_eval
 from draftline.prompts.canonical import cut_prompt, user_text
 from draftline.prompts.costs import token_costs
 from draftline.prompts.dedup import MinHasher, exact_duplicates, near_duplicates, number_key, survivor_order
@@ -64,8 +64,7 @@ from draftline.prompts.report import (
     plot_rows,
     share_rows,
 )
-from draftline.prompts.select import DrafterChoice, drafter_choice, format_select, score_rows
-from draftline.prompts.steer import format_steer, read_evaluation, steer_shares, steering
+from draftline.prompts.steer import format_steer, steer_shares, steering
 from draftline.prompts.template import ToolPrompts, check_thinking
 
 log = get_logger("draftline.prompts")
@@ -183,20 +182,18 @@ class Blend:
 
     train: list[PromptRecord]
     eval: list[PromptRecord]
-    selection: Selection
     aimed: dict[str, int] | None = None
 
 
 def blend_rows(
     kept: list[PromptRecord], reports: dict[str, SourceReport], blend: BlendParams, order: Sequence[str], cost: Costs,
     labels: Labels | None = None, base: dict[str, int] | None = None, in_base: frozenset[str] = frozenset(),
-    factors: dict[str, float] | None = None, choice: DrafterChoice | None = None,
+    factors: dict[str, float] | None = None,
 ) -> Blend:
     """The eval split and the blend's train rows, each in source order then row order; with ``blend.target_mix``
     aimed at it (``base``: the base's amount per domain, in ``blend.unit``). Prompts ``in_base`` are left out of
     the train pool (after the eval split, which therefore never depends on the base); ``factors`` scale the
-    weighted sources' weights (``blend.steer``); ``choice`` picks each weighted source's rows by a drafter within the
-    amounts the hash rank gives (``blend.select``)."""
+    weighted sources' weights (``blend.steer``)."""
     plan = source_plan(order, blend.sources)
     for name, factor in (factors or {}).items():
         plan[name]["weight"] *= factor
@@ -214,16 +211,10 @@ def blend_rows(
         pools.append(Pool(name, train_ids, costs, eval_ids=eval_ids, **plan[name]))
         reports[name].available, reports[name].eval_rows = len(ranked), Counter(map(split_of, eval_ids))
     labels = labels or Labels(kept)
-
-    def choose(pools: list[Pool]) -> tuple[Selection, dict[str, int] | None]:
-        if blend.target_mix is None:
-            return select(pools, blend.total, blend.unit), None
-        return aimed_selection(pools, blend, lambda i: labels(i).domain, base or dict.fromkeys(DOMAINS, 0))
-
-    selection, aimed = choose(pools)
-    if choice is not None:
-        pools = choice.reorder(pools, selection, cost.by_id)
-        selection, aimed = choose(pools)
+    if blend.target_mix is None:
+        selection, aimed = select(pools, blend.total, blend.unit), None
+    else:
+        selection, aimed = aimed_selection(pools, blend, lambda i: labels(i).domain, base or dict.fromkeys(DOMAINS, 0))
     train: list[PromptRecord] = []
     for pool in pools:
         chosen = selection.train_ids[pool.name]
@@ -235,7 +226,7 @@ def blend_rows(
     position = {name: i for i, name in enumerate(order)}
     train.sort(key=lambda r: (position[r.source], r.row))
     eval_.sort(key=lambda r: (position[r.source], r.row))
-    return Blend(train, eval_, selection, aimed)
+    return Blend(train, eval_, aimed)
 
 
 def _write_outputs(out_dir: Path, train: list[PromptRecord], eval_: list[PromptRecord]) -> None:
@@ -258,8 +249,7 @@ class PromptsArgs(StageArgs):
     plot: Path
     plot_shares: Path
     plot_languages: Path
-    plot_scores: Path
-    drafters: Path  # where earlier rounds' drafters and evaluations live (a dependency of the stage)
+    drafters: Path  # where earlier rounds' evaluations live (a dependency of the stage)
     bases: Path  # where merge.base lives (a dependency of the stage)
 
 
@@ -270,8 +260,6 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     _check_names(order, p.dedup, p.blend)
     require_tracked(p.blend.steer.eval if p.blend.steer else None, args.drafters, "blend.steer.eval")
     require_tracked(p.base, args.bases, "merge.base")
-    require_tracked(p.blend.select.drafter, args.drafters, "blend.select.drafter")
-    require_tracked(p.blend.select.eval, args.drafters, "blend.select.eval")
     target = load_target(args.target)
     tokenizer = load_tokenizer(target)
     check_thinking(tokenizer, p.enable_thinking)
@@ -281,10 +269,8 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     base = base_mix(p.base, tokenizer, stage, p.blend.target_mix is not None or p.blend.max_domain_share is not None)
     labels = Labels(kept)
     steer = steering(p.blend, order, target.tokenizer_fingerprint)
-    choice = drafter_choice(p.blend, target, tokenizer, p.enable_thinking, stage.run)
     blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit),
-                       base_prompt_ids(p.base), {s: x["factor"] for s, x in steer.sources.items()} if steer else None,
-                       choice)
+                       base_prompt_ids(p.base), {s: x["factor"] for s, x in steer.sources.items()} if steer else None)
     if steer:
         steer.check_prompts(p.blend.steer, blend.eval)
     train_labels = [labels(r.id) for r in blend.train]
@@ -301,12 +287,6 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     if steer:
         details["steer"] = steer_shares(p.blend.steer, steer, details)
         print(format_steer(details["steer"]), flush=True)
-    if choice:
-        details["select"] = choice.describe(blend.selection)
-        if p.blend.select.eval:
-            dev = read_evaluation(p.blend.select.eval, target.tokenizer_fingerprint)
-            details["select"]["correlation"] = choice.correlate(dev, [r for r in blend.eval if split_of(r.id) == DEV])
-        print(format_select(details["select"]), flush=True)
     for r in reports.values():
         stage.skips.counts.update(r.skipped)
     stage.details.update(details)
@@ -316,7 +296,6 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     write_csv(args.plot, plot_rows(details))
     write_csv(args.plot_shares, share_rows(mix))
     write_csv(args.plot_languages, language_rows(mix))
-    write_csv(args.plot_scores, score_rows(details.get("select")), ["source", "series", "score"])
     print(format_table(details), flush=True)
     print(format_mix(details), flush=True)
     log.info("wrote %d train and %d eval prompts to %s", len(blend.train), len(blend.eval), args.out)
