@@ -1,5 +1,5 @@
-"""Whether a drafter fits a target, and the drafter loaded bound to it: the one check every stage that runs a
-drafter (train's warm start, generate's speculative loop, evaluate) makes before using one.
+"""Whether a drafter fits a target, and the drafter loaded bound to it: the check the evaluate stage makes
+before running a drafter against the target.
 
 Invariants: a drafter is only ever run against the target its training data was made for. Refused in one line,
 naming what to change: a folder without a checkpoint, one without draftline's lineage, one whose data used another
