@@ -77,7 +77,10 @@ dflash`` and ``dflash2:train.architecture=dflash2``; keys without a section are 
 Every drafter's folder (``<clone>/.draftline/peers/drafters/<name>/``) keeps its checkpoint, logs and a result.json
 keyed by what made it and by what judged it: a rerun on a kept clone (``--keep``/``--project``) retrains and
 rejudges only what changed (``--retrain`` redoes them all), so iterating costs neither a repro nor a retraining;
-``--steps N`` (a smoke test) trains N steps into folders of its own.
+``--steps N`` (a smoke test) trains N steps into folders of its own. ``--equal-time PEER_DRAFTER ...`` adds, per peer
+drafter named, draftline's drafter of its architecture trained for the steps that take that peer's wall time in this
+run (from the draftline drafter's own start-up and s/step, rounded down to 100 steps), judged against the peer: equal
+wall time holds only where both ran under the same load (a quiet machine, one core each).
 
     python bench/peers.py                                           # seed 0: ~8 min repro + ~25 min on 2 cores
     python bench/peers.py --seeds 0 1 2 --keep '/work/peers-seed{seed}' --out peers.json
@@ -867,6 +870,48 @@ def check_layouts(results: dict[str, dict[str, Any]], root: Path) -> None:
             check_layout(Path(r["checkpoint"]), refs[r["architecture"]])
 
 
+# -- equal wall time -----------------------------------------------------------------------------------------------
+
+def matched_steps(ref: dict[str, Any], peer: dict[str, Any]) -> int:
+    """draftline's steps that fill the peer's training wall time: its start-up (wall minus steps x s/step) and s/step
+    from its reference drafter of this run, rounded down to 100 steps (any error in the peer's favour)."""
+    t = ref["train"]
+    startup = t["wall_s"] - t["steps"] * t["s_per_step"]
+    return max(100, int((peer["train"]["wall_s"] - startup) / t["s_per_step"]) // 100 * 100)
+
+
+def equal_time_jobs(results: dict[str, dict[str, Any]], peers: list[str]) -> list[tuple[Job, str]]:
+    """Per peer drafter named, draftline's reference drafter of its architecture again at the steps that take the
+    peer's wall time (``--equal-time``), with the peer it is judged against."""
+    refs = references(results)
+    out = []
+    for name in peers:
+        peer = results.get(name)
+        if peer is None or peer["trainer"] == "draftline" or peer["architecture"] not in refs:
+            raise SystemExit(f"--equal-time {name}: not a peer's drafter of this run with a draftline drafter of its "
+                             f"architecture (trained here: {', '.join(results)})")
+        ref = results[refs[peer["architecture"]]]
+        variant = Variant(f"{ref['name'].removeprefix('draftline-')}-at-{name}-time",
+                          {**ref["variant"], "train.max_steps": matched_steps(ref, peer)})
+        out.append((Job(f"draftline-{variant.name}", "draftline", "", variant), name))
+    return out
+
+
+def equal_time_table(runs: list[dict[str, Any]], pooled: dict[str, Any], labels: dict[str, str]) -> str:
+    """Each time-matched draftline drafter minus its peer: steps and wall seconds per seed, the pooled difference and
+    the sources whose interval is below 0."""
+    rows = []
+    for name, peer in runs[0]["equal_time"].items():
+        per = [(r["drafters"][name]["train"], r["drafters"][peer]["train"]) for r in runs]
+        behind = [f"{labels[k]}: {src} {interval(iv)}" for k in labels
+                  for src, iv in pooled[name][k]["per_source"].items() if iv["high"] < 0]
+        rows.append([name, f"{peer} ({per[0][1]['steps']})", ", ".join(str(d["steps"]) for d, _ in per),
+                     ", ".join(f"{d['wall_s']:.0f} / {p['wall_s']:.0f}" for d, p in per),
+                     *[interval(pooled[name][k]["overall"]) for k in labels], "; ".join(behind) or "none"])
+    return table(["draftline", "minus (its steps)", "draftline steps", "wall s, draftline / peer",
+                  *labels.values(), "sources behind"], rows)
+
+
 # -- paired comparisons --------------------------------------------------------------------------------------------
 
 def requests_of(result: dict[str, Any], setting: str, prefix: str = "") -> dict[str, tuple[str, float]]:
@@ -887,26 +932,30 @@ def comparisons(per_seed: list[dict[str, dict[str, Any]]], settings: list[str], 
                 ) -> dict[str, Any]:
     """Every drafter minus draftline's of its architecture, per setting, overall and per source, pooled over the
     seeds' requests (keys ``<seed>/<id>#<turn>``)."""
-    from draftline.evaluate.intervals import compare
-
     refs = references(per_seed[0])
     common = [n for n in per_seed[0] if all(n in results for results in per_seed)]
     out: dict[str, Any] = {}
     for name in common:
-        r = per_seed[0][name]
-        ref = refs.get(r["architecture"])
-        if ref is None or ref == name:
-            continue
-        out[name] = {"minus": ref}
-        for setting in settings:
-            a, b = {}, {}
-            for i, results in enumerate(per_seed):
-                a.update(requests_of(results[name], setting, f"{i}/"))
-                b.update(requests_of(results[ref], setting, f"{i}/"))
-            sources = sorted({src for src, _ in a.values()})
-            out[name][setting] = {"overall": compare(a, b, None, resamples, 0.95, seed).as_dict(),
-                                  "per_source": {src: compare(a, b, src, resamples, 0.95, seed).as_dict()
-                                                 for src in sources}}
+        ref = refs.get(per_seed[0][name]["architecture"])
+        if ref is not None and ref != name:
+            out[name] = {"minus": ref, **paired(per_seed, name, ref, settings, resamples, seed)}
+    return out
+
+
+def paired(per_seed: list[dict[str, dict[str, Any]]], name: str, minus: str, settings: list[str], resamples: int,
+           seed: int) -> dict[str, Any]:
+    """``name`` minus ``minus`` per setting, overall and per source, pooled over the seeds' requests."""
+    from draftline.evaluate.intervals import compare
+
+    out: dict[str, Any] = {}
+    for setting in settings:
+        a, b = {}, {}
+        for i, results in enumerate(per_seed):
+            a.update(requests_of(results[name], setting, f"{i}/"))
+            b.update(requests_of(results[minus], setting, f"{i}/"))
+        sources = sorted({src for src, _ in a.values()})
+        out[setting] = {"overall": compare(a, b, None, resamples, 0.95, seed).as_dict(),
+                        "per_source": {src: compare(a, b, src, resamples, 0.95, seed).as_dict() for src in sources}}
     return out
 
 
@@ -983,10 +1032,15 @@ def measure_seed(seed: int, args: argparse.Namespace, variants: list[Variant]) -
     features = write_features(root, work, s) if set(args.trainers) & set(PEERS) else None
     results = {job.name: run_job(job, root, work, s, args)
                for job in jobs(args.trainers, variants, args.speculators_loss)}
+    equal_time = {}
+    for job, peer in equal_time_jobs(results, args.equal_time):
+        results[job.name] = run_job(job, root, work, s, args)
+        equal_time[job.name] = peer
     check_layouts(results, root)
     return {"seed": seed, "clone": str(root), "repro_s": repro, "settings": asdict(s),
             "mapped": {"rows_per_step": s.rows_per_step, "anchors_per_pack": s.anchors_per_pack},
             "unmatched": unmatched(s, args.speculators_loss), "features": features, "drafters": results,
+            "equal_time": equal_time,
             "labels": setting_label(root)}
 
 
@@ -1012,6 +1066,13 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
         print(table(["drafter", *[f"minus draftline, {v}" for v in labels.values()]],
                     [[f"{n} - {d['minus']}", *[interval(d[k]["overall"]) for k in labels]]
                      for n, d in out["pooled"].items()]))
+    if runs[0]["equal_time"]:
+        per_seed = [r["drafters"] for r in runs]
+        out["equal_time"] = {name: {"minus": peer, **paired(per_seed, name, peer, list(labels), args.resamples,
+                                                             args.bootstrap_seed)}
+                             for name, peer in runs[0]["equal_time"].items()}
+        print(f"\nAt the peer's wall time, seeds {[r['seed'] for r in runs]} pooled, paired per request:\n")
+        print(equal_time_table(runs, out["equal_time"], labels))
     st, mapped = runs[0]["settings"], runs[0]["mapped"]
     print(f"\nMapped from params.yaml train: SpecForge batch_size {mapped['rows_per_step']} rows, num_anchors "
           f"{st['anchors_per_seq']} a row; speculators {st['max_tokens_per_batch']}-token packs, max_anchors "
@@ -1040,6 +1101,10 @@ def main() -> None:
     ap.add_argument("--bootstrap-seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="train every drafter this many steps instead of "
                                                               "train.max_steps (a smoke test)")
+    ap.add_argument("--equal-time", nargs="+", default=[], metavar="PEER_DRAFTER",
+                    help="also train draftline's drafter of each named peer drafter's architecture (e.g. "
+                         "specforge-dflash, speculators-dflash2) for the steps that take that peer's wall time in "
+                         "this run, judged against it")
     ap.add_argument("--retrain", action="store_true", help="train and judge again even where a result matches")
     ap.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
     args = ap.parse_args()
