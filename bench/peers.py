@@ -677,10 +677,18 @@ def check_layout(checkpoint: Path, reference: Path) -> None:
 # -- judging -------------------------------------------------------------------------------------------------------
 
 def evaluate(root: Path, checkpoint: Path, folder: Path) -> dict[str, Any]:
-    """draftline's evaluate stage on ``checkpoint`` (the clone's params, prompts and sets), outputs in ``folder``."""
+    """draftline's evaluate stage on ``checkpoint`` (the clone's params and sets, the prompts of the reported split
+    only: a request's draws depend on its own id alone, so its figures are those of a run over every split), outputs
+    in ``folder``."""
+    from draftline.core.splits import split_of
+
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    cmd = stage_command(root, "evaluate", folder, {"data/checkpoints": str(checkpoint)})
+    prompts = folder / "prompts.jsonl"
+    with open(root / "data/prompts/eval.jsonl", encoding="utf-8") as f:
+        prompts.write_text("".join(line for line in f if split_of(json.loads(line)["id"]) == SPLIT), encoding="utf-8")
+    cmd = stage_command(root, "evaluate", folder, {"data/checkpoints": str(checkpoint),
+                                                   "data/prompts/eval.jsonl": str(prompts)})
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, *cmd[1:]], cwd=root, env=clone_env(root), capture_output=True, text=True)
     if p.returncode != 0:
@@ -1031,7 +1039,7 @@ def measure_seed(seed: int, args: argparse.Namespace, variants: list[Variant]) -
         variants = [Variant(v.name, {**v.overrides, "train.max_steps": args.steps}) for v in variants]
     features = write_features(root, work, s) if set(args.trainers) & set(PEERS) else None
     results = {job.name: run_job(job, root, work, s, args)
-               for job in jobs(args.trainers, variants, args.speculators_loss)}
+               for job in jobs(args.trainers, variants, args.speculators_loss) if job.name not in args.skip}
     equal_time = {}
     for job, peer in equal_time_jobs(results, args.equal_time):
         results[job.name] = run_job(job, root, work, s, args)
@@ -1101,6 +1109,8 @@ def main() -> None:
     ap.add_argument("--bootstrap-seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="train every drafter this many steps instead of "
                                                               "train.max_steps (a smoke test)")
+    ap.add_argument("--skip", nargs="+", default=[], metavar="DRAFTER",
+                    help="drafters not to train (e.g. speculators-dflash when only its DFlash 2 is compared)")
     ap.add_argument("--equal-time", nargs="+", default=[], metavar="PEER_DRAFTER",
                     help="also train draftline's drafter of each named peer drafter's architecture (e.g. "
                          "specforge-dflash, speculators-dflash2) for the steps that take that peer's wall time in "
