@@ -79,8 +79,9 @@ keyed by what made it and by what judged it: a rerun on a kept clone (``--keep``
 rejudges only what changed (``--retrain`` redoes them all), so iterating costs neither a repro nor a retraining;
 ``--steps N`` (a smoke test) trains N steps into folders of its own. ``--equal-time PEER_DRAFTER ...`` adds, per peer
 drafter named, draftline's drafter of its architecture trained for the steps that take that peer's wall time in this
-run (from the draftline drafter's own start-up and s/step, rounded down to 100 steps), judged against the peer: equal
-wall time holds only where both ran under the same load (a quiet machine, one core each).
+run (from the draftline drafter's own start-up and s/step, rounded down to 100 steps; ``NAME=STEPS``: steps fitted on
+another seed's run), judged against the peer: equal wall time holds only where both ran under the same load (a quiet
+machine, one core each). ``--pool OUT_JSON ...`` prints the tables of several runs' ``--out`` files, pooled.
 
     python bench/peers.py                                           # seed 0: ~8 min repro + ~25 min on 2 cores
     python bench/peers.py --seeds 0 1 2 --keep '/work/peers-seed{seed}' --out peers.json
@@ -888,19 +889,22 @@ def matched_steps(ref: dict[str, Any], peer: dict[str, Any]) -> int:
     return max(100, int((peer["train"]["wall_s"] - startup) / t["s_per_step"]) // 100 * 100)
 
 
-def equal_time_jobs(results: dict[str, dict[str, Any]], peers: list[str]) -> list[tuple[Job, str]]:
-    """Per peer drafter named, draftline's reference drafter of its architecture again at the steps that take the
-    peer's wall time (``--equal-time``), with the peer it is judged against."""
+def equal_time_jobs(results: dict[str, dict[str, Any]], specs: list[str], losses: list[str]) -> list[tuple[Job, str]]:
+    """Per ``--equal-time`` spec (a peer drafter's name, or ``NAME=STEPS``: steps fitted on another seed's run),
+    draftline's reference drafter of that peer's architecture again at the steps that take the peer's wall time,
+    with the peer it is judged against."""
     refs = references(results)
+    arch = {j.name: j.architecture for j in jobs(list(PEERS), [], losses)}
     out = []
-    for name in peers:
-        peer = results.get(name)
-        if peer is None or peer["trainer"] == "draftline" or peer["architecture"] not in refs:
-            raise SystemExit(f"--equal-time {name}: not a peer's drafter of this run with a draftline drafter of its "
-                             f"architecture (trained here: {', '.join(results)})")
-        ref = results[refs[peer["architecture"]]]
+    for spec in specs:
+        name, _, given = spec.partition("=")
+        if name not in arch or arch[name] not in refs or (not given and name not in results):
+            raise SystemExit(f"--equal-time {spec}: not a peer's drafter with a draftline drafter of its architecture "
+                             f"in this run (trained here: {', '.join(results)}); give NAME=STEPS without the peer")
+        ref = results[refs[arch[name]]]
+        steps = int(given) if given else matched_steps(ref, results[name])
         variant = Variant(f"{ref['name'].removeprefix('draftline-')}-at-{name}-time",
-                          {**ref["variant"], "train.max_steps": matched_steps(ref, peer)})
+                          {**ref["variant"], "train.max_steps": steps})
         out.append((Job(f"draftline-{variant.name}", "draftline", "", variant), name))
     return out
 
@@ -1041,7 +1045,7 @@ def measure_seed(seed: int, args: argparse.Namespace, variants: list[Variant]) -
     results = {job.name: run_job(job, root, work, s, args)
                for job in jobs(args.trainers, variants, args.speculators_loss) if job.name not in args.skip}
     equal_time = {}
-    for job, peer in equal_time_jobs(results, args.equal_time):
+    for job, peer in equal_time_jobs(results, args.equal_time, args.speculators_loss):
         results[job.name] = run_job(job, root, work, s, args)
         equal_time[job.name] = peer
     check_layouts(results, root)
@@ -1111,10 +1115,12 @@ def main() -> None:
                                                               "train.max_steps (a smoke test)")
     ap.add_argument("--skip", nargs="+", default=[], metavar="DRAFTER",
                     help="drafters not to train (e.g. speculators-dflash when only its DFlash 2 is compared)")
-    ap.add_argument("--equal-time", nargs="+", default=[], metavar="PEER_DRAFTER",
+    ap.add_argument("--equal-time", nargs="+", default=[], metavar="PEER_DRAFTER[=STEPS]",
                     help="also train draftline's drafter of each named peer drafter's architecture (e.g. "
                          "specforge-dflash, speculators-dflash2) for the steps that take that peer's wall time in "
-                         "this run, judged against it")
+                         "this run (=STEPS: as fitted on another run), judged against it")
+    ap.add_argument("--pool", nargs="+", type=Path, default=None, metavar="OUT_JSON",
+                    help="train nothing: print the tables of earlier runs' --out files (one seed each), pooled")
     ap.add_argument("--retrain", action="store_true", help="train and judge again even where a result matches")
     ap.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
     args = ap.parse_args()
@@ -1122,6 +1128,9 @@ def main() -> None:
         raise SystemExit("--project is one clone: give one --seeds value")
     variants = [parse_variant(v) for v in (args.draftline_variant or DEFAULT_VARIANTS)]
     torch.set_num_threads(1)
+    if args.pool:
+        report([run for f in args.pool for run in json.loads(f.read_text())["seeds"]], args)
+        return
     runs = []
     for seed in args.seeds:
         runs.append(measure_seed(seed, args, variants))
