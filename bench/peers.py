@@ -1128,11 +1128,8 @@ def main() -> None:
         raise SystemExit("--project is one clone: give one --seeds value")
     variants = [parse_variant(v) for v in (args.draftline_variant or DEFAULT_VARIANTS)]
     torch.set_num_threads(1)
-    if args.pool:
-        report([run for f in args.pool for run in json.loads(f.read_text())["seeds"]], args)
-        return
-    runs = []
-    for seed in args.seeds:
+    runs = [run for f in args.pool for run in json.loads(f.read_text())["seeds"]] if args.pool else []
+    for seed in [] if args.pool else args.seeds:
         runs.append(measure_seed(seed, args, variants))
         if args.keep is None and args.project is None:
             shutil.rmtree(runs[-1]["clone"], ignore_errors=True)
