@@ -898,6 +898,8 @@ def equal_time_jobs(results: dict[str, dict[str, Any]], specs: list[str], losses
     out = []
     for spec in specs:
         name, _, given = spec.partition("=")
+        if given and not given.isdigit():
+            raise SystemExit(f"--equal-time {spec}: STEPS must be a whole number of steps")
         if name not in arch or arch[name] not in refs or (not given and name not in results):
             raise SystemExit(f"--equal-time {spec}: not a peer's drafter with a draftline drafter of its architecture "
                              f"in this run (trained here: {', '.join(results)}); give NAME=STEPS without the peer")
@@ -913,13 +915,14 @@ def equal_time_table(runs: list[dict[str, Any]], pooled: dict[str, Any], labels:
     """Each time-matched draftline drafter minus its peer: steps and wall seconds per seed, the pooled difference and
     the sources whose interval is below 0."""
     rows = []
-    for name, peer in runs[0]["equal_time"].items():
+    for name, diff in pooled.items():
+        peer = diff["minus"]
         per = [(r["drafters"][name]["train"], r["drafters"][peer]["train"]) for r in runs]
         behind = [f"{labels[k]}: {src} {interval(iv)}" for k in labels
-                  for src, iv in pooled[name][k]["per_source"].items() if iv["high"] < 0]
+                  for src, iv in diff[k]["per_source"].items() if iv["high"] < 0]
         rows.append([name, f"{peer} ({per[0][1]['steps']})", ", ".join(str(d["steps"]) for d, _ in per),
                      ", ".join(f"{d['wall_s']:.0f} / {p['wall_s']:.0f}" for d, p in per),
-                     *[interval(pooled[name][k]["overall"]) for k in labels], "; ".join(behind) or "none"])
+                     *[interval(diff[k]["overall"]) for k in labels], "; ".join(behind) or "none"])
     return table(["draftline", "minus (its steps)", "draftline steps", "wall s, draftline / peer",
                   *labels.values(), "sources behind"], rows)
 
@@ -1078,11 +1081,13 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
         print(table(["drafter", *[f"minus draftline, {v}" for v in labels.values()]],
                     [[f"{n} - {d['minus']}", *[interval(d[k]["overall"]) for k in labels]]
                      for n, d in out["pooled"].items()]))
-    if runs[0]["equal_time"]:
+    # Pooled over the seeds where the pair ran (an --out file older than --equal-time has none).
+    pairs = {n: p for n, p in runs[0].get("equal_time", {}).items() if all(n in r.get("equal_time", {}) for r in runs)}
+    if pairs:
         per_seed = [r["drafters"] for r in runs]
         out["equal_time"] = {name: {"minus": peer, **paired(per_seed, name, peer, list(labels), args.resamples,
                                                              args.bootstrap_seed)}
-                             for name, peer in runs[0]["equal_time"].items()}
+                             for name, peer in pairs.items()}
         print(f"\nAt the peer's wall time, seeds {[r['seed'] for r in runs]} pooled, paired per request:\n")
         print(equal_time_table(runs, out["equal_time"], labels))
     st, mapped = runs[0]["settings"], runs[0]["mapped"]
@@ -1128,11 +1133,17 @@ def main() -> None:
         raise SystemExit("--project is one clone: give one --seeds value")
     variants = [parse_variant(v) for v in (args.draftline_variant or DEFAULT_VARIANTS)]
     torch.set_num_threads(1)
-    runs = [run for f in args.pool for run in json.loads(f.read_text())["seeds"]] if args.pool else []
-    for seed in [] if args.pool else args.seeds:
-        runs.append(measure_seed(seed, args, variants))
-        if args.keep is None and args.project is None:
-            shutil.rmtree(runs[-1]["clone"], ignore_errors=True)
+    if args.pool:
+        runs = [run for f in args.pool for run in json.loads(f.read_text())["seeds"]]
+    else:
+        unknown = set(args.skip) - {j.name for j in jobs(list(TRAINERS), variants, args.speculators_loss)}
+        if unknown:
+            raise SystemExit(f"--skip {' '.join(sorted(unknown))}: no such drafter in this run")
+        runs = []
+        for seed in args.seeds:
+            runs.append(measure_seed(seed, args, variants))
+            if args.keep is None and args.project is None:
+                shutil.rmtree(runs[-1]["clone"], ignore_errors=True)
     out = report(runs, args)
     if args.out:
         args.out.write_text(json.dumps(out, indent=1, default=str))
