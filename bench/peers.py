@@ -78,9 +78,10 @@ Every drafter's folder (``<clone>/.draftline/peers/drafters/<name>/``) keeps its
 keyed by what made it and by what judged it: a rerun on a kept clone (``--keep``/``--project``) retrains and
 rejudges only what changed (``--retrain`` redoes them all), so iterating costs neither a repro nor a retraining;
 ``--steps N`` (a smoke test) trains N steps into folders of its own. ``--equal-time PEER_DRAFTER ...`` adds, per peer
-drafter named, draftline's drafter of its architecture trained for the steps that take that peer's wall time in this
-run (from the draftline drafter's own start-up and s/step, rounded down to 100 steps; ``NAME=STEPS``: steps fitted on
-another seed's run), judged against the peer: equal wall time holds only where both ran under the same load (a quiet
+drafter named, draftline's drafter of its architecture trained for the steps that take that peer's time from the
+export to its drafter in this run (its hidden states' forward and files, then its training process; draftline's wall
+holds its own features pass), from the draftline drafter's own start-up and s/step, rounded down to 100 steps
+(``NAME=STEPS``: steps fitted on another seed's run), judged against the peer: equal wall time holds only where both ran under the same load (a quiet
 machine, one core each). ``--pool OUT_JSON ...`` prints the tables of several runs' ``--out`` files, pooled.
 
     python bench/peers.py                                           # seed 0: ~8 min repro + ~25 min on 2 cores
@@ -377,18 +378,28 @@ def unmatched(s: Settings, losses: list[str]) -> list[str]:
 
 def write_features(root: Path, work: Path, s: Settings) -> dict[str, Any]:
     """Both peers' offline hidden-state files from one CPU forward of the clone's target per row (reused while the
-    target and the exports are unchanged)."""
+    target and the exports are unchanged), and each peer's seconds for them: the forwards (and the model's load) plus
+    its own files' writes, what its GPU server's pass stands for (draftline's train stage makes the same features in
+    memory, inside its wall)."""
     stamp = work / "features.json"
     key = digest({"target": json.loads((root / "data/target/target.json").read_text()),
                   "export": json.loads((root / "data/export/export.json").read_text()), "layers": s.target_layers})
-    if stamp.is_file() and json.loads(stamp.read_text())["key"] == key:
+    if stamp.is_file() and json.loads(stamp.read_text())["key"] == key and "peer_s" in json.loads(stamp.read_text()):
         return json.loads(stamp.read_text())
     from datasets import load_from_disk
 
     for peer in PEERS:
         shutil.rmtree(work / peer, ignore_errors=True)
     t0 = time.perf_counter()
-    capture = Capture(root / "data/target/model", s.target_layers)
+    clock = {"forward": 0.0, **{peer: 0.0 for peer in PEERS}}
+
+    def timed_call(name: str, fn, *a):
+        t = time.perf_counter()
+        out = fn(*a)
+        clock[name] += time.perf_counter() - t
+        return out
+
+    capture = timed_call("forward", Capture, root / "data/target/model", s.target_layers)
     rows = load_from_disk(str(root / "data/export/speculators")).with_format("torch")
     with open(root / "data/export/specforge/train.jsonl", encoding="utf-8") as f:
         lines = f.readlines()
@@ -396,14 +407,16 @@ def write_features(root: Path, work: Path, s: Settings) -> dict[str, Any]:
         raise RuntimeError(f"the exports disagree: {len(lines)} SpecForge rows, {len(rows)} speculators rows")
     for i, (row, line) in enumerate(zip(rows, lines)):
         ids = row["input_ids"].long()
-        aux, last = capture(ids)
-        save_speculators(work / "speculators" / "hidden_states", i, ids, aux, last)
+        aux, last = timed_call("forward", capture, ids)
+        timed_call("speculators", save_speculators, work / "speculators" / "hidden_states", i, ids, aux, last)
         record = json.loads(line)
         sf_ids = torch.tensor(record["input_ids"], dtype=torch.long)
         if not torch.equal(sf_ids, ids):  # the same rows in the same order: one forward serves both
-            aux, _ = capture(sf_ids)
-        save_specforge(work / "specforge" / "hidden_states", i, sf_ids, record["loss_mask"], aux)
-    out = {"key": key, "rows": len(rows), "seconds": round(time.perf_counter() - t0, 1)}
+            aux, _ = timed_call("specforge", capture, sf_ids)
+        timed_call("specforge", save_specforge, work / "specforge" / "hidden_states", i, sf_ids, record["loss_mask"],
+                   aux)
+    out = {"key": key, "rows": len(rows), "seconds": round(time.perf_counter() - t0, 1),
+           "peer_s": {peer: round(clock["forward"] + clock[peer], 1) for peer in PEERS}}
     stamp.write_text(json.dumps(out))
     return out
 
@@ -882,11 +895,14 @@ def check_layouts(results: dict[str, dict[str, Any]], root: Path) -> None:
 # -- equal wall time -----------------------------------------------------------------------------------------------
 
 def matched_steps(ref: dict[str, Any], peer: dict[str, Any]) -> int:
-    """draftline's steps that fill the peer's training wall time: its start-up (wall minus steps x s/step) and s/step
-    from its reference drafter of this run, rounded down to 100 steps (any error in the peer's favour)."""
+    """draftline's steps that fill the peer's time from the export to its drafter (its hidden states and its
+    training: draftline's train stage makes the same features inside its own wall), from draftline's start-up (wall
+    minus steps x s/step) and s/step of its reference drafter of this run, rounded down to 100 steps (any error in the
+    peer's favour)."""
     t = ref["train"]
     startup = t["wall_s"] - t["steps"] * t["s_per_step"]
-    return max(100, int((peer["train"]["wall_s"] - startup) / t["s_per_step"]) // 100 * 100)
+    wall = peer["hidden_states_s"] + peer["train"]["wall_s"]
+    return max(100, int((wall - startup) / t["s_per_step"]) // 100 * 100)
 
 
 def equal_time_jobs(results: dict[str, dict[str, Any]], specs: list[str], losses: list[str]) -> list[tuple[Job, str]]:
@@ -920,10 +936,12 @@ def equal_time_table(runs: list[dict[str, Any]], pooled: dict[str, Any], labels:
         per = [(r["drafters"][name]["train"], r["drafters"][peer]["train"]) for r in runs]
         behind = [f"{labels[k]}: {src} {interval(iv)}" for k in labels
                   for src, iv in diff[k]["per_source"].items() if iv["high"] < 0]
+        hidden = [r["drafters"][peer].get("hidden_states_s") for r in runs]  # absent from runs before 2026-12-05
         rows.append([name, f"{peer} ({per[0][1]['steps']})", ", ".join(str(d["steps"]) for d, _ in per),
-                     ", ".join(f"{d['wall_s']:.0f} / {p['wall_s']:.0f}" for d, p in per),
+                     ", ".join(f"{d['wall_s']:.0f} / " + (f"{h:.0f} + " if h is not None else "") + f"{p['wall_s']:.0f}"
+                               for (d, p), h in zip(per, hidden)),
                      *[interval(diff[k]["overall"]) for k in labels], "; ".join(behind) or "none"])
-    return table(["draftline", "minus (its steps)", "draftline steps", "wall s, draftline / peer",
+    return table(["draftline", "minus (its steps)", "draftline steps", "wall s, draftline / peer (hidden states + training)",
                   *labels.values(), "sources behind"], rows)
 
 
@@ -1047,6 +1065,9 @@ def measure_seed(seed: int, args: argparse.Namespace, variants: list[Variant]) -
     features = write_features(root, work, s) if set(args.trainers) & set(PEERS) else None
     results = {job.name: run_job(job, root, work, s, args)
                for job in jobs(args.trainers, variants, args.speculators_loss) if job.name not in args.skip}
+    for r in results.values():
+        if r["trainer"] in PEERS:
+            r["hidden_states_s"] = features["peer_s"][r["trainer"]]
     equal_time = {}
     for job, peer in equal_time_jobs(results, args.equal_time, args.speculators_loss):
         results[job.name] = run_job(job, root, work, s, args)
@@ -1122,8 +1143,8 @@ def main() -> None:
                     help="drafters not to train (e.g. speculators-dflash when only its DFlash 2 is compared)")
     ap.add_argument("--equal-time", nargs="+", default=[], metavar="PEER_DRAFTER[=STEPS]",
                     help="also train draftline's drafter of each named peer drafter's architecture (e.g. "
-                         "specforge-dflash, speculators-dflash2) for the steps that take that peer's wall time in "
-                         "this run (=STEPS: as fitted on another run), judged against it")
+                         "specforge-dflash, speculators-dflash2) for the steps that take that peer's hidden states "
+                         "and training in this run (=STEPS: as fitted on another run), judged against it")
     ap.add_argument("--pool", nargs="+", type=Path, default=None, metavar="OUT_JSON",
                     help="train nothing: print the tables of earlier runs' --out files (one seed each), pooled")
     ap.add_argument("--retrain", action="store_true", help="train and judge again even where a result matches")
