@@ -81,8 +81,9 @@ rejudges only what changed (``--retrain`` redoes them all), so iterating costs n
 drafter named, draftline's drafter of its architecture trained for the steps that take that peer's time from the
 export to its drafter in this run (its hidden states' forward and files, then its training process; draftline's wall
 holds its own features pass), from the draftline drafter's own start-up and s/step, rounded down to 100 steps
-(``NAME=STEPS``: steps fitted on another seed's run), judged against the peer: equal wall time holds only where both ran under the same load (a quiet
-machine, one core each). ``--pool OUT_JSON ...`` prints the tables of several runs' ``--out`` files, pooled.
+(``NAME=STEPS``: steps fitted on another seed's run), judged against the peer: equal wall time holds only where both
+ran under the same load (a quiet machine, one core each). ``--pool OUT_JSON ...`` prints the tables of several runs'
+``--out`` files, pooled.
 
     python bench/peers.py                                           # seed 0: ~8 min repro + ~25 min on 2 cores
     python bench/peers.py --seeds 0 1 2 --keep '/work/peers-seed{seed}' --out peers.json
@@ -384,8 +385,9 @@ def write_features(root: Path, work: Path, s: Settings) -> dict[str, Any]:
     stamp = work / "features.json"
     key = digest({"target": json.loads((root / "data/target/target.json").read_text()),
                   "export": json.loads((root / "data/export/export.json").read_text()), "layers": s.target_layers})
-    if stamp.is_file() and json.loads(stamp.read_text())["key"] == key and "peer_s" in json.loads(stamp.read_text()):
-        return json.loads(stamp.read_text())
+    old = json.loads(stamp.read_text()) if stamp.is_file() else {}
+    if old.get("key") == key and "peer_s" in old:  # a stamp without per-peer seconds predates them: write again
+        return old
     from datasets import load_from_disk
 
     for peer in PEERS:
@@ -938,11 +940,11 @@ def equal_time_table(runs: list[dict[str, Any]], pooled: dict[str, Any], labels:
                   for src, iv in diff[k]["per_source"].items() if iv["high"] < 0]
         hidden = [r["drafters"][peer].get("hidden_states_s") for r in runs]  # absent from runs before 2026-12-05
         rows.append([name, f"{peer} ({per[0][1]['steps']})", ", ".join(str(d["steps"]) for d, _ in per),
-                     ", ".join(f"{d['wall_s']:.0f} / " + (f"{h:.0f} + " if h is not None else "") + f"{p['wall_s']:.0f}"
+                     ", ".join(f"{d['wall_s']:.0f} / " + ("" if h is None else f"{h:.0f} + ") + f"{p['wall_s']:.0f}"
                                for (d, p), h in zip(per, hidden)),
                      *[interval(diff[k]["overall"]) for k in labels], "; ".join(behind) or "none"])
-    return table(["draftline", "minus (its steps)", "draftline steps", "wall s, draftline / peer (hidden states + training)",
-                  *labels.values(), "sources behind"], rows)
+    return table(["draftline", "minus (its steps)", "draftline steps",
+                  "wall s, draftline / peer (hidden states + training)", *labels.values(), "sources behind"], rows)
 
 
 # -- paired comparisons --------------------------------------------------------------------------------------------
