@@ -731,8 +731,8 @@ def zlab_loop(root: Path, checkpoint: Path) -> dict[str, Any]:
     from draftline.core.records import read_prompts
     from draftline.core.skips import Skips
     from draftline.core.target import load_model, load_target, load_tokenizer
+    from draftline.evaluate.decoder import render_prompt, stop_token_ids, turn_seed
     from draftline.evaluate.requests import heldout_requests
-    from draftline.evaluate.stage import render_prompt, stop_token_ids, turn_seed
 
     ev = yaml.safe_load((root / "params.yaml").read_text())["evaluate"]
     info = load_target(root / "data/target/target.json")

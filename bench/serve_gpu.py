@@ -43,7 +43,7 @@ from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_target, load_tokenizer
 from draftline.drafter.decoding import DFlashProposer, speculative_generate, target_generate
 from draftline.drafter.model import DFlashDrafter
-from draftline.evaluate.stage import render_prompt, stop_token_ids
+from draftline.evaluate.decoder import render_prompt, stop_token_ids
 from draftline.generate.launcher import Server, server_command
 from draftline.generate.openai_client import ChatClient, Transport
 from draftline.generate.params import LaunchParams

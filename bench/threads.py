@@ -13,6 +13,8 @@ user's other terminal or job is: with the kernel's autogroup, the CPU is then sh
 - ``spin:N``: GOMP_SPINCOUNT=N, waiting threads spin N times, then sleep;
 - ``cores``: OpenMP, the BLAS libraries and the tokenizers' Rayon pool one thread per core (what the stages ran
   before the one-core rule of ``draftline/core/threads.py``; tokenize's ``workers`` stays the param's).
+- ``workers:N``: draftline's environment, and the stages that run processes (``generate.local.workers``,
+  ``tokenize.workers``, ``evaluate.workers``) N of them instead of the param's (``workers:auto``: evaluate only).
 
 Cells (on the committed embedded default: ``dvc repro`` or ``dvc pull`` first):
 
@@ -27,6 +29,7 @@ Each cell is the median of ``--reps`` repetitions, alternating cells so that dri
 
     python bench/threads.py                                   # about 25 minutes on 2 cores
     python bench/threads.py --stages target --policies draftline active spin:10000 --reps 1
+    python bench/threads.py --stages evaluate --policies workers:1 workers:2 workers:auto   # evaluate's processes
 """
 
 from __future__ import annotations
@@ -46,6 +49,13 @@ from busy import beside
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 LOADS = ("quiet", "busy", "niced")
+WORKERS = "DRAFTLINE_BENCH_WORKERS"  # set by the workers:N policy for the cell's interpreter
+
+
+def workers(param: int | str) -> int | str:
+    """The cell's process count: the workers:N policy's N (``auto``: evaluate's choice), else the param's."""
+    value = os.environ.get(WORKERS)
+    return param if value is None else value if value == "auto" else int(value)
 
 
 def _target(tmp: Path, steps: int, _prompts: int) -> float:
@@ -70,7 +80,9 @@ def _generate(tmp: Path, _steps: int, prompts: int) -> float:
     (tmp / "train.jsonl").write_text("".join(lines[:prompts]), encoding="utf-8")
     args = GenerateArgs(prompts=tmp / "train.jsonl", target=DATA / "target" / "target.json", out=tmp / "completions",
                         metrics=tmp / "m.json", report=tmp / "r.json", drafters=DATA / "drafters")
-    return execute("generate", run_generate, GenerateParams.load("generate"), args).run["generation_seconds"]
+    p = GenerateParams.load("generate")
+    p = dataclasses.replace(p, local=dataclasses.replace(p.local, workers=workers(p.local.workers)))
+    return execute("generate", run_generate, p, args).run["generation_seconds"]
 
 
 def _train(tmp: Path, steps: int, _prompts: int) -> float:
@@ -89,7 +101,8 @@ def _evaluate(tmp: Path, _steps: int, _prompts: int) -> float:
     from draftline.evaluate.params import EvalParams
     from draftline.evaluate.stage import EvalArgs, run_evaluate
 
-    params = dataclasses.replace(EvalParams.load("evaluate"), max_prompts_per_source=1)
+    params = EvalParams.load("evaluate")
+    params = dataclasses.replace(params, max_prompts_per_source=1, workers=workers(params.workers))
     args = EvalArgs(checkpoint=DATA / "checkpoints", target=DATA / "target" / "target.json",
                     prompts=DATA / "prompts" / "eval.jsonl", sets=DATA / "sets" / "conversations",
                     metrics=tmp / "m.json", report=tmp / "r.json", positions=tmp / "positions",
@@ -118,7 +131,8 @@ def _tokenize(tmp: Path, _steps: int, _prompts: int) -> float:
 
     args = TokenizeArgs(completions=DATA / "completions", target=DATA / "target" / "target.json", out=tmp / "t",
                         metrics=tmp / "m.json", report=tmp / "r.json", plot=tmp / "p.csv")
-    return execute("tokenize", run_tokenize, load(), args).run["stage_seconds"]
+    p = load()
+    return execute("tokenize", run_tokenize, dataclasses.replace(p, workers=workers(p.workers)), args).run["stage_seconds"]
 
 
 def _merge(tmp: Path, _steps: int, _prompts: int) -> float:
@@ -147,8 +161,10 @@ def environment(policy: str) -> dict[str, str]:
         env["GOMP_SPINCOUNT"] = policy.split(":", 1)[1]
     elif policy == "cores":  # every pool one thread per core: what the stages ran before the one-core rule
         env.update(dict.fromkeys(ONE_CORE, str(os.cpu_count() or 1)))
+    elif policy.startswith("workers:"):
+        env[WORKERS] = policy.split(":", 1)[1]
     elif policy != "draftline":
-        raise SystemExit(f"unknown policy {policy!r}: draftline, active, cores or spin:<N>")
+        raise SystemExit(f"unknown policy {policy!r}: draftline, active, cores, spin:<N> or workers:<N>")
     return env
 
 

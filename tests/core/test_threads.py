@@ -11,7 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+
+from draftline.core.threads import idle_cores
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,3 +51,19 @@ def test_the_wait_policy_leaves_the_weights_alone(tmp_path: Path) -> None:
     assert [runs[p][0] for p in (None, "ACTIVE", "PASSIVE")] == ["PASSIVE", "ACTIVE", "PASSIVE"]
     digests = {digest for _, digest in runs.values()}
     assert len(digests) == 1 and len(digests.pop()) == 64
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file() or (os.cpu_count() or 1) > 8,
+                    reason="reads Linux's /proc/stat; fills every core with a busy process")
+def test_idle_cores_sees_the_cores_other_processes_take() -> None:
+    """evaluate.workers: auto starts one process per idle core: none idle (every core spinning) gives one."""
+    cores = len(os.sched_getaffinity(0))
+    assert 1 <= idle_cores(0.2) <= cores
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.5)  # the interpreters start before the window opens
+        assert idle_cores(1.0) == 1
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()

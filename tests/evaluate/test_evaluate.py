@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -25,10 +26,11 @@ from draftline.core.target import load_target
 from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, make_config
 from draftline.drafter.decoding import Generation
 from draftline.drafter.model import DFlashDrafter
+from draftline.evaluate.decoder import render_prompt
 from draftline.evaluate.params import EvalParams, IntervalParams
 from draftline.evaluate.report import TurnResult, acceptance_by_position, headline, summarize_setting
 from draftline.evaluate.requests import heldout_requests
-from draftline.evaluate.stage import EvalArgs, render_prompt, run_evaluate
+from draftline.evaluate.stage import EvalArgs, run_evaluate
 from draftline.target.describe import describe_target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,7 +171,7 @@ def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
         {"role": "assistant", "content": "4"}])])
     params = eval_params(sets={"bench": {"path": "unused", "adapter": "mt_bench"}}, max_new_tokens=12,
-                         max_prompts_per_source=2, max_prompt_tokens=200)
+                         max_prompts_per_source=2, max_prompt_tokens=200, workers=2)
     args = eval_args(tiny_target_dir, tiny_target_dir / "checkpoints", prompts, tmp_path)
     stage = evaluate(params, args)
     # Every request in its id's split (core/splits.py): bench-1 hashes to dev, every other one to test; the long
@@ -182,7 +184,8 @@ def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp
     assert greedy["per_set"]["bench"]["turns"] == 2 == sampled["per_set"]["bench"]["turns"]  # bench-0's two turns
     assert splits["dev"]["greedy"]["per_set"]["bench"]["turns"] == 1 and not splits["dev"]["greedy"]["per_source"]
     assert set(greedy["per_source"]) == {"chat", "tools"}
-    assert stage.skips.as_dict() == {"prompt longer than max_prompt_tokens": 2}  # once per setting
+    # Once per setting, counted by the stage from its two workers' reports.
+    assert stage.skips.as_dict() == {"prompt longer than max_prompt_tokens": 2}
     fw = greedy["target_forwards"]
     assert fw["without_drafter"] == greedy["generated_tokens"] == 5 * 12  # a random target never ends this soon
     assert fw["with_drafter"] == 5 + greedy["steps"]
@@ -218,16 +221,18 @@ def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp
     assert [int(r["position"]) for r in rows] == list(range(1, 8))
     outputs = (args.metrics, args.report, args.steps, args.lengths / "sampled.csv")
     first = [p.read_bytes() for p in outputs]
-    again = evaluate(params, args)
+    # Workers change nothing but the speed: the same bytes from one process as from two.
+    again = evaluate(dataclasses.replace(params, workers=1), args)
     assert again.run["stage_seconds"] > 0 and [p.read_bytes() for p in outputs] == first
+    assert again.skips.as_dict() == stage.skips.as_dict()
 
 
 def test_the_next_turn_follows_the_targets_own_reply(tiny_target_dir, tmp_path):
     """mt-bench's second turn is rendered after the decoded reply to the first, as z-lab's benchmark does."""
     from draftline.core.target import load_target as load_info
     from draftline.drafter.decoding import GREEDY, DFlashProposer
+    from draftline.evaluate.decoder import Decoder, load_models, stop_token_ids
     from draftline.evaluate.requests import Request
-    from draftline.evaluate.stage import Decoder, load_models, stop_token_ids
 
     info = load_info(tiny_target_dir / "target.json")
     params = eval_params(max_new_tokens=6)
@@ -245,6 +250,10 @@ def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path)
         eval_params(max_new_token=5)
     with pytest.raises(ValueError, match="enable_thinking"):  # not a param: the drafter's lineage says it
         eval_params(enable_thinking=False)
+    with pytest.raises(ValueError, match="threads 2 and workers auto"):  # forked workers need a one-thread parent
+        eval_params(threads=2, workers="auto")
+    with pytest.raises(ValueError, match="workers >= 1 or auto"):
+        eval_params(workers=0)
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
     with pytest.raises(MissingInput, match="run the train stage"):

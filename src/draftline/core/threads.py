@@ -2,7 +2,8 @@
 
 The rule: every thread pool a stage can start runs one thread, and every stage one process, unless a param asks
 for more: ``target.embedded.threads``, ``generate.local.threads`` / ``workers``, ``train.threads``,
-``evaluate.threads`` (torch's intra-op pool, set by :func:`torch_threads`) and ``tokenize.workers`` (processes).
+``evaluate.threads`` (torch's intra-op pool, set by :func:`torch_threads`), ``tokenize.workers`` and
+``evaluate.workers`` (processes; ``auto``: one per core idle when the stage starts, :func:`idle_cores`).
 The pools no param reaches (OpenMP's and the BLAS libraries' defaults, the Rust tokenizers' Rayon pool that batch
 encoding and the mix labels run on) get one thread from :data:`ONE_CORE`, set on the first import of draftline,
 before any of them starts (each reads its variable once), unless the user set the variable: a user's choice wins.
@@ -13,6 +14,11 @@ s/step with two threads beside one busy process; bench/threads.py). One thread h
 are ordered by how work is split between threads, so a fixed count gives the same bytes on one machine however busy
 it is, where torch's default (one thread per core) changes with the machine.
 
+Processes that share nothing but a queue of independent requests (evaluate's) have no barrier to wait at, so they
+do not collapse; but beside another session's busy process the kernel's autogroup still gives the stage one core,
+and two processes time-sliced on it lost ~20% to one (bench/threads.py). ``auto`` starts as many as there are idle
+cores, which is one there and two on a quiet 2-core machine (1.9x).
+
 OpenMP's wait policy is PASSIVE for the same reason (unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set): a
 thread waiting at a barrier sleeps instead of spinning (the embedded target's build was 17x slower beside one busy
 process with spinning waits). It changes speed only, never a byte of output (tests/core/test_threads.py).
@@ -21,8 +27,10 @@ process with spinning waits). It changes speed only, never a byte of output (tes
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 ONE_CORE = {
     "OMP_NUM_THREADS": "1",  # OpenMP: torch's default intra-op pool, numpy's BLAS where it is OpenMP
@@ -56,3 +64,25 @@ def torch_threads(threads: int, deterministic: bool = False) -> Iterator[None]:
     finally:
         torch.set_num_threads(old_threads)
         torch.use_deterministic_algorithms(old_det)
+
+
+def idle_cores(window_s: float = 0.5) -> int:
+    """How many cores nothing else is using: the machine's idle share over ``window_s`` seconds (Linux's
+    ``/proc/stat``) times its cores, rounded, between 1 and the cores this process may run on. Where ``/proc/stat``
+    cannot be read, those cores."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        idle0, total0 = _cpu_times()
+        time.sleep(window_s)
+        idle1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        return usable
+    share = (idle1 - idle0) / max(total1 - total0, 1)
+    return max(1, min(usable, round(share * (os.cpu_count() or 1))))
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies of every CPU since boot: the first line of /proc/stat (user nice system idle iowait irq
+    softirq steal; guest time is already inside user)."""
+    times = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return times[3] + times[4], sum(times)

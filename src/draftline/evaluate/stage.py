@@ -10,14 +10,16 @@ target alone emits, at one forward instead of one per token; a third of the stag
 figure (the one model cards quote) and the pooled tau, per set and per source (:mod:`draftline.evaluate.report`).
 Training accuracy says little: a render or thinking-mode mismatch keeps it high while acceptance collapses.
 
+Requests are decoded one at a time (:mod:`draftline.evaluate.decoder`), on ``evaluate.workers`` processes
+(:mod:`draftline.evaluate.pool`).
+
 Invariants: every random draw comes from a seed of (``evaluate.seed``, setting, request, turn), so a rerun on the
-same machine writes the same bytes; wall-clock times go to the run file only.
+same machine writes the same bytes, for any number of workers; wall-clock times go to the run file only.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -26,9 +28,7 @@ from typing import Any
 
 import xxhash
 from tqdm import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from draftline.core.chat import render
 from draftline.core.errors import MissingInput, Refusal
 from draftline.core.files import atomic_path, write_csv, write_jsonl
 from draftline.core.logs import get_logger
@@ -36,13 +36,12 @@ from draftline.core.records import TargetInfo, read_conversations, read_prompts
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.splits import TEST
-from draftline.core.target import load_model, load_target, load_tokenizer
+from draftline.core.target import load_target
 from draftline.core.threads import torch_threads
-from draftline.drafter.config import lineage_of
-from draftline.drafter.decoding import DFlashProposer, Proposer, Sampling, greedy_reference, speculative_generate
-from draftline.drafter.fit import check_lineage, load_fitting, resolve_device, torch_dtype
-from draftline.drafter.model import DFlashDrafter
+from draftline.drafter.decoding import Sampling
+from draftline.evaluate.decoder import Decoder, build_decoder
 from draftline.evaluate.params import EvalParams
+from draftline.evaluate.pool import decode_all
 from draftline.evaluate.report import (
     ACCEPTANCE_COLUMNS,
     HISTOGRAM_COLUMNS,
@@ -53,7 +52,6 @@ from draftline.evaluate.report import (
     headline,
     histogram_rows,
     interval_rows,
-    selector_counts,
     step_record,
     summarize,
 )
@@ -95,91 +93,16 @@ def load_requests(p: EvalParams, args: EvalArgs, skips: Skips) -> list[Request]:
     return requests
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list, tools: list | None,
-                  enable_thinking: bool | None) -> list[int]:
-    """The prompt's token ids as the target saw them in generation: the one render (:mod:`draftline.core.chat`).
-
-    The text is tokenized without special tokens, as ``apply_chat_template(tokenize=True)`` and SGLang do; a
-    different render here is the first suspect when tau is low.
-    """
-    text = render(tokenizer, messages, tools, enable_thinking=enable_thinking, generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def stop_token_ids(info: TargetInfo) -> set[int]:
-    """Decoding ends at the end-of-turn token (a chat reply's end) or at eos."""
-    return {info.eos_token_id, info.end_of_turn_token_id}
-
-
-def turn_seed(seed: int, setting: str, request: Request, turn: int) -> int:
-    """Each turn's own seed: its draws do not depend on which turns ran before it or in which order."""
-    return xxhash.xxh64_intdigest(f"{seed}/{setting}/{request.set}/{request.id}/{turn}".encode()) & (2**63 - 1)
-
-
-@dataclass
-class Decoder:
-    """What decodes every turn of one run: the models, the drafter's proposer, and how."""
-
-    target: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    proposer: Proposer
-    stop_ids: set[int]
-    params: EvalParams
-    enable_thinking: bool | None
-
-    def request(self, setting: str, sampling: Sampling, req: Request, skips: Skips) -> list[TurnResult]:
-        """Every turn of ``req``, each next user turn after the target's own reply; a turn that cannot be rendered
-        or is too long is a counted skip and ends the request (its later turns would lack their context)."""
-        messages, results = list(req.prefix), []
-        for turn, user in enumerate(req.turns):
-            messages.append(user)
-            try:
-                ids = render_prompt(self.tokenizer, messages, req.tools, self.enable_thinking)
-            except Exception as e:  # a template error names one bad prompt; the rest still count
-                skips.add("chat template failed", f"{req.id}#{turn}", f"{type(e).__name__}: {e}")
-                break
-            if len(ids) > self.params.max_prompt_tokens:
-                skips.add("prompt longer than max_prompt_tokens", f"{req.id}#{turn}", f"{len(ids)} tokens")
-                break
-            seed = turn_seed(self.params.seed, setting, req, turn)
-            spec = speculative_generate(self.target, self.proposer, ids, self.params.max_new_tokens, self.stop_ids,
-                                        sampling, seed)
-            base = None
-            if sampling.greedy:  # sampled outputs are checked by distribution (tests), not byte for byte
-                base = greedy_reference(self.target, ids, spec.tokens, self.stop_ids)
-                if base.tokens != spec.tokens:
-                    at = next((i for i, (a, b) in enumerate(zip(base.tokens, spec.tokens)) if a != b), None)
-                    log.error("%s turn %d: speculative output differs from target-only greedy at token %s",
-                              req.id, turn, at)
-            selector = None
-            if sampling.greedy and getattr(self.proposer, "steps", None):
-                selector = selector_counts(self.proposer.steps, ids + spec.tokens)
-            results.append(TurnResult(setting, req.set, req.source, req.id, turn, len(ids), spec, base, selector))
-            messages.append({"role": "assistant",
-                             "content": self.tokenizer.decode(spec.tokens, skip_special_tokens=True)})
-        return results
-
-
-def evaluate_setting(decoder: Decoder, setting: str, sampling: Sampling, requests: list[Request],
-                     skips: Skips) -> list[TurnResult]:
-    results: list[TurnResult] = []
-    bar = tqdm(requests, desc=f"evaluate {setting}", unit="request")
-    for req in bar:
-        results += decoder.request(setting, sampling, req, skips)
-        bar.set_postfix(acceptance=f"{figures(results)['acceptance'] or 0:.2f}")
+def decode(decoder: Decoder, p: EvalParams, requests: list[Request], skips: Skips) -> dict[str, list[TurnResult]]:
+    """Every request under every setting of ``evaluate.sampling``, on ``evaluate.workers`` processes; the turn results
+    per setting, in request order (the same for any number of workers)."""
+    jobs = [(name, Sampling(s.temperature, s.top_p, s.top_k), req) for name, s in p.sampling.items() for req in requests]
+    results: dict[str, list[TurnResult]] = {name: [] for name in p.sampling}
+    bar = tqdm(decode_all(jobs, decoder, p.num_workers(), skips), total=len(jobs), desc="evaluate", unit="request")
+    for (name, _, _), turns in zip(jobs, bar):
+        results[name] += turns
+        bar.set_postfix({setting: f"{figures(rs)['acceptance'] or 0:.2f}" for setting, rs in results.items() if rs})
     return results
-
-
-def load_models(
-    info: TargetInfo, checkpoint: str | os.PathLike, params: EvalParams
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, DFlashDrafter]:
-    """The target (from its folder, in place) and the drafter bound to it, on one device in one dtype.
-
-    A drafter whose training data was made with another tokenizer than the target's is refused: its ids would
-    mean other tokens."""
-    check_lineage(checkpoint, info)  # before the target loads: a foreign drafter is refused at once
-    target = load_model(info, dtype=torch_dtype(params.dtype), device=resolve_device(params.device))
-    return target, load_tokenizer(info), load_fitting(checkpoint, info, target)
 
 
 def run_evaluate(p: EvalParams, args: EvalArgs, stage: StageRun) -> None:
@@ -203,26 +126,21 @@ def run_evaluate(p: EvalParams, args: EvalArgs, stage: StageRun) -> None:
 
 
 def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, requests: list[Request], stage: StageRun) -> None:
-    target, tokenizer, drafter = load_models(info, args.checkpoint, p)
-    # The prompts are rendered in the thinking mode the training data was generated in (null: the template's own).
-    thinking = lineage_of(drafter.config)["enable_thinking"]
+    decoder = build_decoder(info, args.checkpoint, p)
+    block_size, thinking = decoder.proposer.block_size, decoder.enable_thinking
     log.info("evaluating %d requests (%s) under %s, block size %d, enable_thinking=%s (the training data's) on %s",
              len(requests), ", ".join(f"{k}: {v}" for k, v in Counter(r.set for r in requests).items()),
-             ", ".join(p.sampling), drafter.block_size, thinking, target.device)
-    decoder = Decoder(target, tokenizer, DFlashProposer(drafter), stop_token_ids(info), p, thinking)
-    results: dict[str, list[TurnResult]] = {}
+             ", ".join(p.sampling), block_size, thinking, decoder.target.device)
     started = time.perf_counter()
-    for name, s in p.sampling.items():
-        results[name] = evaluate_setting(decoder, name, Sampling(s.temperature, s.top_p, s.top_k), requests,
-                                         stage.skips)
+    results = decode(decoder, p, requests, stage.skips)
     if not any(results.values()):
         raise Refusal(f"every eval prompt was skipped ({stage.skips.as_dict()}): raise evaluate.max_prompt_tokens?")
-    splits = summarize(results, drafter.block_size, p.intervals)
-    stage.details.update(splits=splits, block_size=drafter.block_size, max_new_tokens=p.max_new_tokens,
+    splits = summarize(results, block_size, p.intervals)
+    stage.details.update(splits=splits, block_size=block_size, max_new_tokens=p.max_new_tokens,
                          enable_thinking=thinking, requests=request_counts(requests), **identity(p, info, requests))
     stage.headline.update(headline(stage.details))
     stage.run.update(decode_seconds=round(time.perf_counter() - started, 2))
-    write_plots(args, results, splits, drafter.block_size)
+    write_plots(args, results, splits, block_size)
     for split, settings in splits.items():
         for name, s in settings.items():
             log.info("%s %s: acceptance %s (z-lab's figure), pooled tau %s; per set %s; lossless %s", split, name,

@@ -1,0 +1,93 @@
+"""Every (setting, request) decoded on ``evaluate.workers`` processes, the results handed back in request order.
+
+Invariants:
+
+- **Workers change nothing but the speed.** A request's results depend on the request, its setting and the models
+  alone: every turn's draws come from its own seed, the target's and the drafter's caches start empty at every
+  turn, and every process runs ``evaluate.threads`` threads. So the results, and every byte the stage writes, are
+  the same for any number of workers (tests/evaluate/test_evaluate.py).
+- **A busy core holds up one request, not the run.** Requests are handed out one at a time from a queue and nothing
+  waits at a barrier, so a worker whose core is taken delays only the request it holds.
+- **Skips are the parent's.** A worker records the skips of its request; the parent replays them in request order,
+  so the counts, the log lines and a strict stop are those of one process.
+
+The workers are forked from the stage's process after it has loaded the models, and inherit them (copy on
+write); the params allow it only with one torch thread per process (a process forked after a multi-threaded OpenMP
+region hangs in its next one). Where processes cannot be forked (Windows), or on a GPU (a CUDA context does not survive a fork, and every
+worker would hold another copy of the target), the stage decodes in its own process, and says so.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from draftline.core.logs import get_logger
+from draftline.core.skips import Skips
+from draftline.drafter.decoding import Sampling
+from draftline.evaluate.decoder import Decoder
+from draftline.evaluate.report import TurnResult
+from draftline.evaluate.requests import Request
+
+log = get_logger(__name__)
+
+# One unit of work: a setting's name, its sampling, and a request.
+Job = tuple[str, Sampling, Request]
+
+
+class SkipRecord:
+    """Stands in for :class:`Skips` in a worker: the skips of one request, to be replayed by the parent."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def add(self, reason: str, where: str, detail: str = "") -> None:
+        self.events.append((reason, where, detail))
+
+
+# The decoder the forked workers inherit: set by the parent just before it forks them.
+_DECODER: Decoder | None = None
+
+
+def _start(threads: int) -> None:
+    torch.set_num_threads(threads)  # the parent's count, stated: a forked process keeps it, a spawned one would not
+
+
+def _decode(job: Job) -> tuple[list[TurnResult], list[tuple[str, str, str]]]:
+    assert _DECODER is not None, "worker not forked from decode_all"
+    skips = SkipRecord()
+    return _DECODER.request(*job, skips), skips.events
+
+
+def processes(workers: int, decoder: Decoder) -> int:
+    """How many processes will decode: ``workers``, or 1 where they cannot be forked or the models are on a GPU."""
+    if workers <= 1:
+        return 1
+    if "fork" not in mp.get_all_start_methods():
+        log.warning("evaluate.workers is %d, but processes cannot be forked here: decoding in one", workers)
+        return 1
+    if decoder.target.device.type != "cpu":
+        log.info("decoding on %s in one process (evaluate.workers applies on the CPU)", decoder.target.device)
+        return 1
+    log.info("decoding on %d processes", workers)
+    return workers
+
+
+def decode_all(jobs: Sequence[Job], decoder: Decoder, workers: int, skips: Skips) -> Iterator[list[TurnResult]]:
+    """Each job's turn results, in ``jobs`` order, from :func:`processes` processes of this one's torch threads."""
+    if processes(workers, decoder) == 1:
+        for job in jobs:
+            yield decoder.request(*job, skips)
+        return
+    global _DECODER
+    _DECODER = decoder
+    try:
+        with mp.get_context("fork").Pool(workers, _start, (torch.get_num_threads(),)) as pool:
+            for results, events in pool.imap(_decode, jobs, chunksize=1):
+                for event in events:
+                    skips.add(*event)
+                yield results
+    finally:
+        _DECODER = None
