@@ -149,8 +149,11 @@ def test_workers_give_the_same_bytes(tmp_path, embedded_target, monkeypatch):
         assert sorted(json.loads(line)["id"] for line in lines) == sorted(p.id for p in prompts)
     assert outs[0] == outs[1]
     assert metrics[1].run["finished"] == 10 and metrics[1].run["requests"] == metrics[0].run["requests"]
-    again = _run(tmp_path / "w3", embedded_target, LOCAL)  # the one-worker params find everything journaled
+    # workers: auto (one per idle core, the count a machine's load decides) finds everything journaled too.
+    again = _run(tmp_path / "w3", embedded_target, {**LOCAL, "local": {**LOCAL["local"], "workers": "auto"}})
     assert again.run["resumed"] == 10 and again.run["requests"] == 0
+    with pytest.raises(ValueError, match="workers >= 1 or auto"):
+        gen_params({**LOCAL, "local": {**LOCAL["local"], "workers": 0}})
 
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "d",

@@ -1,9 +1,10 @@
 """One core by default, everywhere: the one place that says how many threads and processes a stage uses.
 
 The rule: every thread pool a stage can start runs one thread, and every stage one process, unless a param asks
-for more: ``target.embedded.threads``, ``generate.local.threads`` / ``workers``, ``train.threads``,
-``evaluate.threads`` (torch's intra-op pool, set by :func:`torch_threads`), ``tokenize.workers`` and
-``evaluate.workers`` (processes; ``auto``: one per core idle when the stage starts, :func:`idle_cores`).
+for more: ``target.embedded.threads``, ``generate.local.threads``, ``train.threads``, ``evaluate.threads`` (torch's
+intra-op pool, set by :func:`torch_threads`), ``tokenize.workers``, ``generate.local.workers`` and
+``evaluate.workers`` (processes; the latter two ``auto`` by default: one per core idle when the stage starts,
+:func:`idle_cores`).
 The pools no param reaches (OpenMP's and the BLAS libraries' defaults, the Rust tokenizers' Rayon pool that batch
 encoding and the mix labels run on) get one thread from :data:`ONE_CORE`, set on the first import of draftline,
 before any of them starts (each reads its variable once), unless the user set the variable: a user's choice wins.
@@ -14,10 +15,11 @@ s/step with two threads beside one busy process; bench/threads.py). One thread h
 are ordered by how work is split between threads, so a fixed count gives the same bytes on one machine however busy
 it is, where torch's default (one thread per core) changes with the machine.
 
-Processes that share nothing but a queue of independent requests (evaluate's) have no barrier to wait at, so they
-do not collapse; but beside another session's busy process the kernel's autogroup still gives the stage one core,
-and two processes time-sliced on it lost ~20% to one (bench/threads.py). ``auto`` starts as many as there are idle
-cores, which is one there and two on a quiet 2-core machine (1.9x).
+Processes that share nothing but a queue of independent requests or batches (evaluate's, generate's) have no
+barrier to wait at, so they do not collapse; but beside another session's busy process the kernel's autogroup
+still gives the stage one core, and two processes time-sliced on it gained nothing (evaluate: 6-10% slower than
+one, medians of five; bench/threads.py). ``auto`` starts as many as there are idle cores: one there, two on a quiet
+2-core machine (1.9x faster for evaluate, 2.0x for generate).
 
 OpenMP's wait policy is PASSIVE for the same reason (unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set): a
 thread waiting at a barrier sleeps instead of spinning (the embedded target's build was 17x slower beside one busy

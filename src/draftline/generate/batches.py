@@ -32,7 +32,7 @@ from draftline.generate.work import Plan, Work
 
 def generate_local(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
     """Generate ``work``'s pending prompts with the target in-process; returns the requests made (and no retries)."""
-    size, n = s.local.batch_size, s.local.workers
+    size, n = s.local.batch_size, s.local.num_workers()
     starts = list(range(0, len(work.plan.ordered), size))
     first = start_at(len(starts), work.journal.join())
     starts = starts[first:] + starts[:first]

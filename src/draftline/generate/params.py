@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from draftline.core.params import Params, ParamsError
+from draftline.core.threads import idle_cores
 
 # The sampling params: with the target, thinking mode, backend (and the local backend's settings) they decide a
 # result, so they make up the journal key; the transport settings do not.
@@ -26,11 +27,21 @@ class LocalParams(Params):
     batch_size: int
     threads: int
     # Processes sharing the fixed batches; not part of the journal key: a batch's result does not depend on them.
-    workers: int
+    workers: int | Literal["auto"]
 
     def validate(self, where: str) -> None:
-        if self.batch_size < 1 or self.workers < 1 or self.threads < 0:
-            raise ParamsError(f"params.yaml: {where}: batch_size and workers must be >= 1, threads >= 0")
+        if self.batch_size < 1 or (self.workers != "auto" and self.workers < 1) or self.threads < 0:
+            raise ParamsError(f"params.yaml: {where}: batch_size must be >= 1, workers >= 1 or auto, threads >= 0")
+
+    def num_workers(self) -> int:
+        """``workers``, or with ``auto``: one per core idle now on the CPU (core/threads.py), one on a GPU (each
+        worker loads the target)."""
+        if self.workers != "auto":
+            return self.workers
+        import torch
+
+        on_gpu = self.device != "cpu" and (self.device != "auto" or torch.cuda.is_available())
+        return 1 if on_gpu else idle_cores()
 
 
 @dataclass(frozen=True)
