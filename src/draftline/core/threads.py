@@ -19,7 +19,7 @@ Processes that share nothing but a queue of independent requests or batches (eva
 barrier to wait at, so they do not collapse; but beside another session's busy process the kernel's autogroup
 still gives the stage one core, and two processes time-sliced on it gained nothing (evaluate: 6-10% slower than
 one, medians of five; bench/threads.py). ``auto`` starts as many as there are idle cores: one there, two on a quiet
-2-core machine (1.9x faster for evaluate, 2.0x for generate).
+2-core machine (1.8x faster for evaluate, 2.0x for generate).
 
 OpenMP's wait policy is PASSIVE for the same reason (unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set): a
 thread waiting at a barrier sleeps instead of spinning (the embedded target's build was 17x slower beside one busy
