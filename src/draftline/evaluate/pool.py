@@ -63,16 +63,15 @@ def _decode(job: Job) -> tuple[list[TurnResult], list[tuple[str, str, str]]]:
 
 def processes(workers: int, decoder: Decoder) -> int:
     """How many processes will decode: ``workers``, or 1 where they cannot be forked or the models are on a GPU."""
-    if workers <= 1:
-        return 1
-    if "fork" not in mp.get_all_start_methods():
+    n = workers
+    if workers > 1 and "fork" not in mp.get_all_start_methods():
         log.warning("evaluate.workers is %d, but processes cannot be forked here: decoding in one", workers)
-        return 1
-    if decoder.target.device.type != "cpu":
+        n = 1
+    elif workers > 1 and decoder.target.device.type != "cpu":
         log.info("decoding on %s in one process (evaluate.workers applies on the CPU)", decoder.target.device)
-        return 1
-    log.info("decoding on %d processes", workers)
-    return workers
+        n = 1
+    log.info("decoding on %d process(es)", n)
+    return n
 
 
 def decode_all(jobs: Sequence[Job], decoder: Decoder, workers: int, skips: Skips) -> Iterator[list[TurnResult]]:

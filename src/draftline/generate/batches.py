@@ -22,12 +22,15 @@ from concurrent.futures import Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from draftline.core.logs import get_logger
 from draftline.core.records import PromptRecord, TargetInfo
 from draftline.core.threads import torch_threads
 from draftline.generate.journal import OK, Journal, start_at
 from draftline.generate.params import GenerateParams
 from draftline.generate.regeneration import Regeneration
 from draftline.generate.work import Plan, Work
+
+log = get_logger(__name__)
 
 
 def generate_local(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
@@ -36,6 +39,8 @@ def generate_local(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str,
     starts = list(range(0, len(work.plan.ordered), size))
     first = start_at(len(starts), work.journal.join())
     starts = starts[first:] + starts[:first]
+    log.info("generating %d batches of %d on %d process(es) (generate.local.workers: %s)", len(starts), size, n,
+             s.local.workers)
     if n == 1:
         return {"requests": _run_batches(work, starts, s, info), "retries": 0}
     ctx = multiprocessing.get_context("spawn")  # a fork would copy this process's torch threads and locks
