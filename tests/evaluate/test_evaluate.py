@@ -347,3 +347,22 @@ def test_a_dflash2_drafter_is_decoded_through_its_selector_and_reports_its_figur
     assert sel["steps"] == greedy["steps"] and sel["tau_selector_path"] == sel["tau_unary_path"]
     assert 1.0 <= sel["tau_selector_path"] <= sel["tau_top_k_oracle"] <= 8
     assert 0.0 <= sel["selector_accuracy"] <= sel["top_k_recall"] <= 1.0
+
+
+def test_a_worker_that_dies_stops_the_stage_instead_of_hanging():
+    """A worker killed mid-request (the OOM killer, a SIGKILL) ends decoding with a one-line error naming the fix."""
+    from types import SimpleNamespace
+
+    from draftline.evaluate.pool import WorkerDied, decode_all
+
+    class Dies:
+        target = SimpleNamespace(device=torch.device("cpu"))
+
+        def request(self, setting, sampling, request, skips):
+            if request == "fatal":
+                os._exit(9)
+            return [request]
+
+    jobs = [("greedy", None, r) for r in ("a", "b", "fatal", "c")]
+    with pytest.raises(WorkerDied, match="evaluate.workers: 1"):
+        list(decode_all(jobs, Dies(), 2, Skips(get_logger("test"))))

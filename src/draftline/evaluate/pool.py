@@ -8,6 +8,8 @@ Invariants:
   the same for any number of workers (tests/evaluate/test_evaluate.py).
 - **A busy core holds up one request, not the run.** Requests are handed out one at a time from a queue and nothing
   waits at a barrier, so a worker whose core is taken delays only the request it holds.
+- **A dead worker stops the stage.** A worker killed halfway (the OOM killer, a SIGKILL) raises :class:`WorkerDied`
+  before anything is written; nothing half-decoded is reported.
 - **Skips are the parent's.** A worker records the skips of its request; the parent replays them in request order,
   so the counts, the log lines and a strict stop are those of one process.
 
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import torch
 
+from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
 from draftline.core.skips import Skips
 from draftline.drafter.decoding import Sampling
@@ -32,6 +37,10 @@ from draftline.evaluate.report import TurnResult
 from draftline.evaluate.requests import Request
 
 log = get_logger(__name__)
+
+class WorkerDied(Refusal, RuntimeError):
+    """A decoding worker process ended without a result: the message says what to do."""
+
 
 # One unit of work: a setting's name, its sampling, and a request.
 Job = tuple[str, Sampling, Request]
@@ -75,18 +84,25 @@ def processes(workers: int, decoder: Decoder) -> int:
 
 
 def decode_all(jobs: Sequence[Job], decoder: Decoder, workers: int, skips: Skips) -> Iterator[list[TurnResult]]:
-    """Each job's turn results, in ``jobs`` order, from :func:`processes` processes of this one's torch threads."""
+    """Each job's turn results, in ``jobs`` order, from :func:`processes` processes of this one's torch threads.
+
+    A worker that dies (killed, out of memory) stops the stage with :class:`WorkerDied`, before anything is written;
+    a ``multiprocessing.Pool`` would wait for its result forever."""
     if processes(workers, decoder) == 1:
         for job in jobs:
             yield decoder.request(*job, skips)
         return
     global _DECODER
     _DECODER = decoder
+    pool = ProcessPoolExecutor(workers, mp.get_context("fork"), _start, (torch.get_num_threads(),))
     try:
-        with mp.get_context("fork").Pool(workers, _start, (torch.get_num_threads(),)) as pool:
-            for results, events in pool.imap(_decode, jobs, chunksize=1):
-                for event in events:
-                    skips.add(*event)
-                yield results
+        for results, events in pool.map(_decode, jobs):
+            for event in events:
+                skips.add(*event)
+            yield results
+    except BrokenProcessPool as e:
+        raise WorkerDied("a decoding worker died (killed, or out of memory?) and nothing was written: run the stage "
+                         "again, or with evaluate.workers: 1 to decode in one process") from e
     finally:
+        pool.shutdown(cancel_futures=True)  # a stop (a strict skip, an error) does not decode the rest first
         _DECODER = None
