@@ -6,7 +6,7 @@ Per target seed (``--seeds``, a stand-in for another CPU's float arithmetic), in
 ``dvc repro``, it measures for every drafter:
 
 - z-lab's acceptance (the mean over requests of each request's mean tokens per verification step) on the held-out
-  prompts of the test split, overall and per source, under every ``evaluate.sampling`` setting (greedy, and sampled at temperature 1),
+  prompts of one split (``--split``: test, the figures reported; dev, the one a decision reads), overall and per source, under every ``evaluate.sampling`` setting (greedy, and sampled at temperature 1),
   judged by draftline's evaluate stage (``stages/evaluate.py`` with the paths dvc.yaml gives it, outputs in the
   drafter's folder) and by z-lab's own loop (``dflash.model.dflash_generate`` of PyPI ``dflash`` 0.1.0) on the same
   prompts, rendered the same way;
@@ -128,7 +128,6 @@ TORCH = f"torch=={torch.__version__}"
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
 ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
-SPLIT = "test"  # the figures this bench reports (core/splits.py); a default it picks would read dev
 DEFAULT_VARIANTS = ("dflash:train.architecture=dflash", "dflash2:train.architecture=dflash2")
 TRAINERS = ("draftline", "specforge", "speculators")
 
@@ -692,7 +691,7 @@ def check_layout(checkpoint: Path, reference: Path) -> None:
 
 # -- judging -------------------------------------------------------------------------------------------------------
 
-def evaluate(root: Path, checkpoint: Path, folder: Path) -> dict[str, Any]:
+def evaluate(root: Path, checkpoint: Path, folder: Path, split: str) -> dict[str, Any]:
     """draftline's evaluate stage on ``checkpoint`` (the clone's params and sets, the prompts of the reported split
     only: a request's draws depend on its own id alone, so its figures are those of a run over every split), outputs
     in ``folder``."""
@@ -702,7 +701,7 @@ def evaluate(root: Path, checkpoint: Path, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True)
     prompts = folder / "prompts.jsonl"
     with open(root / "data/prompts/eval.jsonl", encoding="utf-8") as f:
-        prompts.write_text("".join(line for line in f if split_of(json.loads(line)["id"]) == SPLIT), encoding="utf-8")
+        prompts.write_text("".join(line for line in f if split_of(json.loads(line)["id"]) == split), encoding="utf-8")
     cmd = stage_command(root, "evaluate", folder, {"data/checkpoints": str(checkpoint),
                                                    "data/prompts/eval.jsonl": str(prompts)})
     t0 = time.perf_counter()
@@ -715,15 +714,15 @@ def evaluate(root: Path, checkpoint: Path, folder: Path) -> dict[str, Any]:
     with open(folder / "plots_eval_steps.jsonl", encoding="utf-8") as f:
         steps = [json.loads(line) for line in f]
     out: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1)}
-    for name, st in report["splits"][SPLIT].items():
+    for name, st in report["splits"][split].items():
         out[name] = {"acceptance": st["per_set"]["heldout"]["acceptance"], "tau": st["per_set"]["heldout"]["tau"],
                      "per_source": {k: v["acceptance"] for k, v in st["per_source"].items()},
                      "per_set": {k: v["acceptance"] for k, v in st["per_set"].items()}, "lossless": st.get("lossless"),
-                     "requests": request_acceptance(steps, name, split=SPLIT)}
+                     "requests": request_acceptance(steps, name, split=split)}
     return out
 
 
-def zlab_loop(root: Path, checkpoint: Path) -> dict[str, Any]:
+def zlab_loop(root: Path, checkpoint: Path, split: str) -> dict[str, Any]:
     """z-lab's ``dflash_generate`` (unchanged; its CUDA clock swapped for the CPU's) on the held-out prompts, every
     ``evaluate.sampling`` setting, each turn seeded as the evaluate stage seeds it: per-request acceptance."""
     import dflash.model as zlab
@@ -740,7 +739,7 @@ def zlab_loop(root: Path, checkpoint: Path) -> dict[str, Any]:
     config = json.loads((checkpoint / "config.json").read_text())
     model = getattr(zlab, config["architectures"][0]).from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     prompts = read_prompts(root / "data/prompts/eval.jsonl", Skips(logging.getLogger("peers")))
-    requests = [r for r in heldout_requests(prompts, ev["max_prompts_per_source"]) if r.split == SPLIT]
+    requests = [r for r in heldout_requests(prompts, ev["max_prompts_per_source"]) if r.split == split]
     stop, saved = sorted(stop_token_ids(info)), (zlab._cuda_time, zlab._grouped_dynamic_convolve)
     zlab._cuda_time, zlab._grouped_dynamic_convolve = time.perf_counter, short_block_convolve(saved[1])
     out: dict[str, Any] = {}
@@ -832,12 +831,12 @@ def train_job(job: Job, root: Path, work: Path, s: Settings, folder: Path
     return stats, to_zlab(weights, root, s, job.architecture, folder / "checkpoint"), weights
 
 
-def job_keys(job: Job, root: Path, s: Settings, zlab: bool) -> dict[str, str]:
+def job_keys(job: Job, root: Path, s: Settings, args: argparse.Namespace) -> dict[str, str]:
     """What made a drafter (``train``) and what judged it (``judge``): a result is reused while its keys match."""
     ev = yaml.safe_load((root / "params.yaml").read_text())["evaluate"]
     peer = asdict(PEERS[job.trainer]) if job.trainer in PEERS else None
     return {"train": digest({"job": asdict(job), "settings": asdict(s), "peer": peer}),
-            "judge": digest({"evaluate": ev, "zlab": zlab})}
+            "judge": digest({"evaluate": ev, "zlab": args.zlab, "split": args.split})}
 
 
 def trained(job: Job, root: Path, work: Path, s: Settings, folder: Path, key: str) -> dict[str, Any]:
@@ -851,14 +850,14 @@ def trained(job: Job, root: Path, work: Path, s: Settings, folder: Path, key: st
             "checkpoint": str(checkpoint), "train": stats, "zlab_load": check_zlab(checkpoint, weights)}
 
 
-def judged(result: dict[str, Any], root: Path, folder: Path, zlab: bool, key: str) -> dict[str, Any]:
+def judged(result: dict[str, Any], root: Path, folder: Path, args: argparse.Namespace, key: str) -> dict[str, Any]:
     print(f"  {result['name']}: evaluating ...", flush=True)
     checkpoint = Path(result["checkpoint"])
-    result["eval"] = evaluate(root, checkpoint, folder / "eval")
+    result["eval"] = evaluate(root, checkpoint, folder / "eval", args.split)
     result["zlab"] = None
-    if zlab:
+    if args.zlab:
         t0 = time.perf_counter()
-        result["zlab"] = {**zlab_loop(root, checkpoint), "seconds": round(time.perf_counter() - t0, 1)}
+        result["zlab"] = {**zlab_loop(root, checkpoint, args.split), "seconds": round(time.perf_counter() - t0, 1)}
     result["keys"]["judge"] = key
     return result
 
@@ -868,7 +867,7 @@ def run_job(job: Job, root: Path, work: Path, s: Settings, args: argparse.Namesp
     same inputs made them (a smoke test's ``--steps`` drafters have folders of their own)."""
     folder = work / "drafters" / (job.name + (f"-{s.max_steps}steps" if args.steps else ""))
     folder.mkdir(parents=True, exist_ok=True)
-    keys = job_keys(job, root, s, args.zlab)
+    keys = job_keys(job, root, s, args)
     result_file = folder / "result.json"
     old = json.loads(result_file.read_text()) if result_file.is_file() and not args.retrain else {}
     result = old if old.get("keys", {}).get("train") == keys["train"] else None
@@ -876,7 +875,7 @@ def run_job(job: Job, root: Path, work: Path, s: Settings, args: argparse.Namesp
         result = trained(job, root, work, s, folder, keys["train"])
         result_file.write_text(json.dumps(result, indent=1))  # judging it again must not cost the training
     if result.get("keys", {}).get("judge") != keys["judge"]:
-        result = judged(result, root, folder, args.zlab, keys["judge"])
+        result = judged(result, root, folder, args, keys["judge"])
         result_file.write_text(json.dumps(result, indent=1))
     else:
         print(f"  {job.name}: reused ({result_file})", flush=True)
@@ -1075,7 +1074,7 @@ def measure_seed(seed: int, args: argparse.Namespace, variants: list[Variant]) -
         results[job.name] = run_job(job, root, work, s, args)
         equal_time[job.name] = peer
     check_layouts(results, root)
-    return {"seed": seed, "clone": str(root), "repro_s": repro, "settings": asdict(s),
+    return {"seed": seed, "split": args.split, "clone": str(root), "repro_s": repro, "settings": asdict(s),
             "mapped": {"rows_per_step": s.rows_per_step, "anchors_per_pack": s.anchors_per_pack},
             "unmatched": unmatched(s, args.speculators_loss), "features": features, "drafters": results,
             "equal_time": equal_time,
@@ -1089,16 +1088,20 @@ def machine() -> str:
 
 def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     labels = runs[0]["labels"]
+    splits = {r.get("split", "test") for r in runs}  # an --out file older than --split judged test
+    if len(splits) > 1:
+        raise SystemExit(f"--pool: the runs judged different splits ({', '.join(sorted(splits))})")
+    split = splits.pop()
     out = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "seeds": runs,
            "pooled": comparisons([r["drafters"] for r in runs], list(labels), args.resamples, args.bootstrap_seed)}
     for r in runs:
         diffs = comparisons([r["drafters"]], list(labels), args.resamples, args.bootstrap_seed)
         r["comparisons"] = diffs
-        print(f"\n## Target seed {r['seed']} ({out['machine']}, {out['date']}): held-out z-lab acceptance\n")
+        print(f"\n## Target seed {r['seed']} ({out['machine']}, {out['date']}): z-lab acceptance, {split} split\n")
         print(main_table(r["drafters"], diffs, labels))
         print("\n" + source_table(r["drafters"], diffs, labels))
     if len(runs) > 1:
-        print(f"\nAcross target seeds (held-out z-lab acceptance, {' / '.join(labels.values())}):\n")
+        print(f"\nAcross target seeds (z-lab acceptance, {split} split, {' / '.join(labels.values())}):\n")
         print(seeds_table(runs, labels))
         print(f"\nPooled over seeds {[r['seed'] for r in runs]}, paired per request:\n")
         print(table(["drafter", *[f"minus draftline, {v}" for v in labels.values()]],
@@ -1137,6 +1140,9 @@ def main() -> None:
                     help="speculators' --loss-fn, one pair of drafters each (ce: hard labels, the target's argmax; "
                          "kl_div, its DFlash 2 default: the target's whole distribution)")
     ap.add_argument("--no-zlab", dest="zlab", action="store_false", help="skip z-lab's dflash_generate loop")
+    ap.add_argument("--split", choices=("dev", "test"), default="test",
+                    help="the held-out split judged (core/splits.py): test, the figures reported; dev, the one a "
+                         "choice between variants reads (a result judged on the other split is judged again)")
     ap.add_argument("--resamples", type=int, default=10_000)
     ap.add_argument("--bootstrap-seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="train every drafter this many steps instead of "
