@@ -83,7 +83,7 @@ export to its drafter in this run (its hidden states' forward and files, then it
 holds its own features pass), from the draftline drafter's own start-up and s/step, rounded down to 100 steps
 (``NAME=STEPS``: steps fitted on another seed's run), judged against the peer: equal wall time holds only where both
 ran under the same load (a quiet machine, one core each). ``--pool OUT_JSON ...`` prints the tables of several runs'
-``--out`` files, pooled.
+``--out`` files, pooled; ``--pair A~B`` adds A minus B for any two drafters (e.g. a variant minus a peer).
 
     python bench/peers.py                                           # seed 0: ~8 min repro + ~25 min on 2 cores
     python bench/peers.py --seeds 0 1 2 --keep '/work/peers-seed{seed}' --out peers.json
@@ -1086,6 +1086,27 @@ def machine() -> str:
     return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
+def named_pairs(runs: list[dict[str, Any]], specs: list[str], labels: dict[str, str], args: argparse.Namespace
+                ) -> dict[str, Any]:
+    """Each ``--pair A~B`` (A minus B, any two drafters of these runs), pooled over the seeds, with the sources
+    whose interval lies below 0; printed and returned."""
+    per_seed = [r["drafters"] for r in runs]
+    out, rows = {}, []
+    for spec in specs:
+        a, sep, b = spec.partition("~")
+        missing = [n for n in (a, b) if not all(n in d for d in per_seed)]
+        if not sep or missing:
+            raise SystemExit(f"--pair {spec}: expected A~B, two drafters of every run (missing: {', '.join(missing)}; "
+                             f"trained: {', '.join(per_seed[0])})")
+        out[spec] = paired(per_seed, a, b, list(labels), args.resamples, args.bootstrap_seed)
+        behind = [f"{labels[k]}: {src} {interval(iv)}" for k in labels
+                  for src, iv in out[spec][k]["per_source"].items() if iv["high"] < 0]
+        rows.append([f"{a} - {b}", *[interval(out[spec][k]["overall"]) for k in labels], "; ".join(behind) or "none"])
+    print(f"\nPairs, seeds {[r['seed'] for r in runs]} pooled, paired per request:\n")
+    print(table(["pair", *labels.values(), "sources behind (interval below 0)"], rows))
+    return out
+
+
 def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     labels = runs[0]["labels"]
     splits = {r.get("split", "test") for r in runs}  # an --out file older than --split judged test
@@ -1107,6 +1128,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
         print(table(["drafter", *[f"minus draftline, {v}" for v in labels.values()]],
                     [[f"{n} - {d['minus']}", *[interval(d[k]["overall"]) for k in labels]]
                      for n, d in out["pooled"].items()]))
+    if args.pair:
+        out["pairs"] = named_pairs(runs, args.pair, labels, args)
     # Pooled over the seeds where the pair ran (an --out file older than --equal-time has none).
     pairs = {n: p for n, p in runs[0].get("equal_time", {}).items() if all(n in r.get("equal_time", {}) for r in runs)}
     if pairs:
@@ -1155,6 +1178,9 @@ def main() -> None:
                          "and training in this run (=STEPS: as fitted on another run), judged against it")
     ap.add_argument("--pool", nargs="+", type=Path, default=None, metavar="OUT_JSON",
                     help="train nothing: print the tables of earlier runs' --out files (one seed each), pooled")
+    ap.add_argument("--pair", action="append", default=[], metavar="A~B",
+                    help="also print A minus B, pooled over the seeds (repeatable; any two drafters, e.g. "
+                         "draftline-specsel~speculators-dflash2)")
     ap.add_argument("--retrain", action="store_true", help="train and judge again even where a result matches")
     ap.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
     args = ap.parse_args()
