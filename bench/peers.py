@@ -692,8 +692,8 @@ def check_layout(checkpoint: Path, reference: Path) -> None:
 # -- judging -------------------------------------------------------------------------------------------------------
 
 def evaluate(root: Path, checkpoint: Path, folder: Path, split: str) -> dict[str, Any]:
-    """draftline's evaluate stage on ``checkpoint`` (the clone's params and sets, the prompts of the reported split
-    only: a request's draws depend on its own id alone, so its figures are those of a run over every split), outputs
+    """draftline's evaluate stage on ``checkpoint`` (the clone's params and sets, the prompts of ``split`` only: a
+    request's draws depend on its own id alone, so its figures are those of a run over every split), outputs
     in ``folder``."""
     from draftline.core.splits import split_of
 
@@ -831,12 +831,12 @@ def train_job(job: Job, root: Path, work: Path, s: Settings, folder: Path
     return stats, to_zlab(weights, root, s, job.architecture, folder / "checkpoint"), weights
 
 
-def job_keys(job: Job, root: Path, s: Settings, args: argparse.Namespace) -> dict[str, str]:
+def job_keys(job: Job, root: Path, s: Settings, zlab: bool, split: str) -> dict[str, str]:
     """What made a drafter (``train``) and what judged it (``judge``): a result is reused while its keys match."""
     ev = yaml.safe_load((root / "params.yaml").read_text())["evaluate"]
     peer = asdict(PEERS[job.trainer]) if job.trainer in PEERS else None
     return {"train": digest({"job": asdict(job), "settings": asdict(s), "peer": peer}),
-            "judge": digest({"evaluate": ev, "zlab": args.zlab, "split": args.split})}
+            "judge": digest({"evaluate": ev, "zlab": zlab, "split": split})}
 
 
 def trained(job: Job, root: Path, work: Path, s: Settings, folder: Path, key: str) -> dict[str, Any]:
@@ -850,14 +850,14 @@ def trained(job: Job, root: Path, work: Path, s: Settings, folder: Path, key: st
             "checkpoint": str(checkpoint), "train": stats, "zlab_load": check_zlab(checkpoint, weights)}
 
 
-def judged(result: dict[str, Any], root: Path, folder: Path, args: argparse.Namespace, key: str) -> dict[str, Any]:
+def judged(result: dict[str, Any], root: Path, folder: Path, zlab: bool, split: str, key: str) -> dict[str, Any]:
     print(f"  {result['name']}: evaluating ...", flush=True)
     checkpoint = Path(result["checkpoint"])
-    result["eval"] = evaluate(root, checkpoint, folder / "eval", args.split)
+    result["eval"] = evaluate(root, checkpoint, folder / "eval", split)
     result["zlab"] = None
-    if args.zlab:
+    if zlab:
         t0 = time.perf_counter()
-        result["zlab"] = {**zlab_loop(root, checkpoint, args.split), "seconds": round(time.perf_counter() - t0, 1)}
+        result["zlab"] = {**zlab_loop(root, checkpoint, split), "seconds": round(time.perf_counter() - t0, 1)}
     result["keys"]["judge"] = key
     return result
 
@@ -867,7 +867,7 @@ def run_job(job: Job, root: Path, work: Path, s: Settings, args: argparse.Namesp
     same inputs made them (a smoke test's ``--steps`` drafters have folders of their own)."""
     folder = work / "drafters" / (job.name + (f"-{s.max_steps}steps" if args.steps else ""))
     folder.mkdir(parents=True, exist_ok=True)
-    keys = job_keys(job, root, s, args)
+    keys = job_keys(job, root, s, args.zlab, args.split)
     result_file = folder / "result.json"
     old = json.loads(result_file.read_text()) if result_file.is_file() and not args.retrain else {}
     result = old if old.get("keys", {}).get("train") == keys["train"] else None
@@ -875,7 +875,7 @@ def run_job(job: Job, root: Path, work: Path, s: Settings, args: argparse.Namesp
         result = trained(job, root, work, s, folder, keys["train"])
         result_file.write_text(json.dumps(result, indent=1))  # judging it again must not cost the training
     if result.get("keys", {}).get("judge") != keys["judge"]:
-        result = judged(result, root, folder, args, keys["judge"])
+        result = judged(result, root, folder, args.zlab, args.split, keys["judge"])
         result_file.write_text(json.dumps(result, indent=1))
     else:
         print(f"  {job.name}: reused ({result_file})", flush=True)
@@ -928,6 +928,13 @@ def equal_time_jobs(results: dict[str, dict[str, Any]], specs: list[str], losses
     return out
 
 
+def sources_behind(diff: dict[str, Any], labels: dict[str, str]) -> str:
+    """The sources of a paired difference (``paired``'s result) whose interval lies below 0, per setting."""
+    behind = [f"{labels[k]}: {src} {interval(iv)}" for k in labels
+              for src, iv in diff[k]["per_source"].items() if iv["high"] < 0]
+    return "; ".join(behind) or "none"
+
+
 def equal_time_table(runs: list[dict[str, Any]], pooled: dict[str, Any], labels: dict[str, str]) -> str:
     """Each time-matched draftline drafter minus its peer: steps and wall seconds per seed, the pooled difference and
     the sources whose interval is below 0."""
@@ -935,13 +942,11 @@ def equal_time_table(runs: list[dict[str, Any]], pooled: dict[str, Any], labels:
     for name, diff in pooled.items():
         peer = diff["minus"]
         per = [(r["drafters"][name]["train"], r["drafters"][peer]["train"]) for r in runs]
-        behind = [f"{labels[k]}: {src} {interval(iv)}" for k in labels
-                  for src, iv in diff[k]["per_source"].items() if iv["high"] < 0]
         hidden = [r["drafters"][peer].get("hidden_states_s") for r in runs]  # absent from runs before 2026-12-05
         rows.append([name, f"{peer} ({per[0][1]['steps']})", ", ".join(str(d["steps"]) for d, _ in per),
                      ", ".join(f"{d['wall_s']:.0f} / " + ("" if h is None else f"{h:.0f} + ") + f"{p['wall_s']:.0f}"
                                for (d, p), h in zip(per, hidden)),
-                     *[interval(diff[k]["overall"]) for k in labels], "; ".join(behind) or "none"])
+                     *[interval(diff[k]["overall"]) for k in labels], sources_behind(diff, labels)])
     return table(["draftline", "minus (its steps)", "draftline steps",
                   "wall s, draftline / peer (hidden states + training)", *labels.values(), "sources behind"], rows)
 
@@ -1099,9 +1104,8 @@ def named_pairs(runs: list[dict[str, Any]], specs: list[str], labels: dict[str, 
             raise SystemExit(f"--pair {spec}: expected A~B, two drafters of every run (missing: {', '.join(missing)}; "
                              f"trained: {', '.join(per_seed[0])})")
         out[spec] = paired(per_seed, a, b, list(labels), args.resamples, args.bootstrap_seed)
-        behind = [f"{labels[k]}: {src} {interval(iv)}" for k in labels
-                  for src, iv in out[spec][k]["per_source"].items() if iv["high"] < 0]
-        rows.append([f"{a} - {b}", *[interval(out[spec][k]["overall"]) for k in labels], "; ".join(behind) or "none"])
+        rows.append([f"{a} - {b}", *[interval(out[spec][k]["overall"]) for k in labels],
+                     sources_behind(out[spec], labels)])
     print(f"\nPairs, seeds {[r['seed'] for r in runs]} pooled, paired per request:\n")
     print(table(["pair", *labels.values(), "sources behind (interval below 0)"], rows))
     return out
