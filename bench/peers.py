@@ -1091,8 +1091,8 @@ def machine() -> str:
     return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
-def named_pairs(runs: list[dict[str, Any]], specs: list[str], labels: dict[str, str], args: argparse.Namespace
-                ) -> dict[str, Any]:
+def named_pairs(runs: list[dict[str, Any]], specs: list[str], labels: dict[str, str], resamples: int,
+                seed: int) -> dict[str, Any]:
     """Each ``--pair A~B`` (A minus B, any two drafters of these runs), pooled over the seeds, with the sources
     whose interval lies below 0; printed and returned."""
     per_seed = [r["drafters"] for r in runs]
@@ -1103,7 +1103,7 @@ def named_pairs(runs: list[dict[str, Any]], specs: list[str], labels: dict[str, 
         if not sep or missing:
             raise SystemExit(f"--pair {spec}: expected A~B, two drafters of every run (missing: {', '.join(missing)}; "
                              f"trained: {', '.join(per_seed[0])})")
-        out[spec] = paired(per_seed, a, b, list(labels), args.resamples, args.bootstrap_seed)
+        out[spec] = paired(per_seed, a, b, list(labels), resamples, seed)
         rows.append([f"{a} - {b}", *[interval(out[spec][k]["overall"]) for k in labels],
                      sources_behind(out[spec], labels)])
     print(f"\nPairs, seeds {[r['seed'] for r in runs]} pooled, paired per request:\n")
@@ -1133,7 +1133,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
                     [[f"{n} - {d['minus']}", *[interval(d[k]["overall"]) for k in labels]]
                      for n, d in out["pooled"].items()]))
     if args.pair:
-        out["pairs"] = named_pairs(runs, args.pair, labels, args)
+        out["pairs"] = named_pairs(runs, args.pair, labels, args.resamples, args.bootstrap_seed)
     # Pooled over the seeds where the pair ran (an --out file older than --equal-time has none).
     pairs = {n: p for n, p in runs[0].get("equal_time", {}).items() if all(n in r.get("equal_time", {}) for r in runs)}
     if pairs:
