@@ -100,6 +100,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
 import argparse  # noqa: E402
+import fcntl
 import hashlib
 import json
 import logging
@@ -184,6 +185,17 @@ PEERS = {p.name: p for p in (SPECULATORS, SPECFORGE)}
 def venv_python(peer: Peer) -> Path:
     """The peer's venv (made, or reused while its pins and patches are the same), patched; its python."""
     venv = VENVS / f"venv-{peer.name}"
+    VENVS.mkdir(parents=True, exist_ok=True)
+    # Runs of several seeds side by side share the venvs: one builds or patches while the others wait for it.
+    with open(VENVS / f"venv-{peer.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _build_venv(peer, venv)
+        apply_patches(venv, peer.patches)
+    return venv / "bin" / "python"
+
+
+def _build_venv(peer: Peer, venv: Path) -> None:
+    """Make the venv unless its stamp, written last, records the same pins: a half-built one is built again."""
     stamp = venv / "draftline-pins.json"
     want = json.loads(json.dumps({**asdict(peer), "torch": TORCH, "python": sys.version.split()[0]}))
     if not (stamp.is_file() and json.loads(stamp.read_text()) == want):
@@ -198,8 +210,6 @@ def venv_python(peer: Peer) -> Path:
                 raise RuntimeError(f"pip install {' '.join(args)} failed in {venv}:\n{p.stdout[-2000:]}"
                                    f"{p.stderr[-3000:]}")
         stamp.write_text(json.dumps(want))
-    apply_patches(venv, peer.patches)
-    return venv / "bin" / "python"
 
 
 def apply_patches(venv: Path, patches: tuple[Patch, ...]) -> None:
