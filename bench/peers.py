@@ -89,6 +89,8 @@ ran under the same load (a quiet machine, one core each). ``--pool OUT_JSON ...`
     python bench/peers.py --seeds 0 1 2 --keep '/work/peers-seed{seed}' --out peers.json
     python bench/peers.py --project /work/peers-seed0 --trainers draftline \
         --draftline-variant big:max_tokens_per_batch=4096                 # a variant beside the peers' kept results
+    python bench/peers.py --project /work/peers-seed0 --trainers draftline speculators --skip speculators-dflash \
+        --draftline-variant a16:anchors_per_seq=16 --peer-variant a16:anchors_per_seq=16  # one change for both
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -814,18 +816,33 @@ class Job:
     loss: str | None = None  # speculators' --loss-fn
 
 
-def jobs(trainers: list[str], variants: list[Variant], losses: list[str]) -> list[Job]:
+def jobs(trainers: list[str], variants: list[Variant], losses: list[str], peer: Variant | None = None) -> list[Job]:
     """The drafters to train: draftline's variants, SpecForge's DFlash 1, speculators' DFlash 1 and 2 per loss (a
-    loss other than ce is in the name)."""
+    loss other than ce is in the name), the peers' with ``peer``'s settings when given (its name in theirs)."""
     out = []
     if "draftline" in trainers:
         out += [Job(f"draftline-{v.name}", "draftline", "", v) for v in variants]
+    tag = f"-{peer.name}" if peer else ""
     if "specforge" in trainers:
-        out.append(Job("specforge-dflash", "specforge", "dflash"))
+        out.append(Job(f"specforge-dflash{tag}", "specforge", "dflash", peer))
     if "speculators" in trainers:
-        out += [Job(f"speculators-{a}" + ("" if loss == "ce" else f"-{loss}"), "speculators", a, loss=loss)
+        out += [Job(f"speculators-{a}" + ("" if loss == "ce" else f"-{loss}") + tag, "speculators", a, peer, loss)
                 for loss in losses for a in ("dflash", "dflash2")]
     return out
+
+
+def peer_settings(s: Settings, peer: Variant) -> Settings:
+    """The settings the peers' mapping reads, with ``--peer-variant``'s overrides of params.yaml's train section (to
+    give them what a draftline variant of the same keys gets, e.g. its anchors)."""
+    known = {f.name for f in fields(Settings)}
+    overrides = {}
+    for dotted, value in peer.overrides.items():
+        key = dotted.removeprefix("train.")
+        if key not in known:
+            raise SystemExit(f"--peer-variant {peer.name}: {dotted} is not a train setting the peers' mapping reads "
+                             f"({', '.join(sorted(known))})")
+        overrides[key] = value
+    return replace(s, **overrides)
 
 
 def train_job(job: Job, root: Path, work: Path, s: Settings, folder: Path
@@ -875,6 +892,8 @@ def judged(result: dict[str, Any], root: Path, folder: Path, zlab: bool, split: 
 def run_job(job: Job, root: Path, work: Path, s: Settings, args: argparse.Namespace) -> dict[str, Any]:
     """A drafter trained, checked and judged; its training and its judging reused from its result.json while the
     same inputs made them (a smoke test's ``--steps`` drafters have folders of their own)."""
+    if job.trainer in PEERS and job.variant:
+        s = peer_settings(s, job.variant)
     folder = work / "drafters" / (job.name + (f"-{s.max_steps}steps" if args.steps else ""))
     folder.mkdir(parents=True, exist_ok=True)
     keys = job_keys(job, root, s, args.zlab, args.split)
@@ -916,12 +935,13 @@ def matched_steps(ref: dict[str, Any], peer: dict[str, Any]) -> int:
     return max(100, int((wall - startup) / t["s_per_step"]) // 100 * 100)
 
 
-def equal_time_jobs(results: dict[str, dict[str, Any]], specs: list[str], losses: list[str]) -> list[tuple[Job, str]]:
+def equal_time_jobs(results: dict[str, dict[str, Any]], specs: list[str], losses: list[str],
+                    peer: Variant | None) -> list[tuple[Job, str]]:
     """Per ``--equal-time`` spec (a peer drafter's name, or ``NAME=STEPS``: steps fitted on another seed's run),
     draftline's reference drafter of that peer's architecture again at the steps that take the peer's wall time,
     with the peer it is judged against."""
     refs = references(results)
-    arch = {j.name: j.architecture for j in jobs(list(PEERS), [], losses)}
+    arch = {j.name: j.architecture for j in jobs(list(PEERS), [], losses, peer)}
     out = []
     for spec in specs:
         name, _, given = spec.partition("=")
@@ -1080,12 +1100,13 @@ def measure_seed(seed: int, args: argparse.Namespace, variants: list[Variant]) -
         variants = [Variant(v.name, {**v.overrides, "train.max_steps": args.steps}) for v in variants]
     features = write_features(root, work, s) if set(args.trainers) & set(PEERS) else None
     results = {job.name: run_job(job, root, work, s, args)
-               for job in jobs(args.trainers, variants, args.speculators_loss) if job.name not in args.skip}
+               for job in jobs(args.trainers, variants, args.speculators_loss, args.peer_variant)
+               if job.name not in args.skip}
     for r in results.values():
         if r["trainer"] in PEERS:
             r["hidden_states_s"] = features["peer_s"][r["trainer"]]
     equal_time = {}
-    for job, peer in equal_time_jobs(results, args.equal_time, args.speculators_loss):
+    for job, peer in equal_time_jobs(results, args.equal_time, args.speculators_loss, args.peer_variant):
         results[job.name] = run_job(job, root, work, s, args)
         equal_time[job.name] = peer
     check_layouts(results, root)
@@ -1160,6 +1181,12 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
           f"{st['warmup_ratio']}, cosine, gamma {st['gamma']}, block {st['block_size']}, {st['layers']} layers, "
           f"target layers {st['target_layers']}. Hidden states written in "
           f"{[r['features'] and r['features']['seconds'] for r in runs]} s.")
+    peer_variants = {name: r["variant"] for run in runs for name, r in run["drafters"].items()
+                     if r["trainer"] in PEERS and r.get("variant")}
+    for name, overrides in sorted(peer_variants.items()):
+        ps = peer_settings(Settings(**st), Variant(name, overrides))
+        print(f"- {name}: trained with {overrides} (SpecForge batch_size {ps.rows_per_step} rows, speculators "
+              f"max_anchors {ps.anchors_per_pack} a pack)")
     print("\nNot matched:\n" + "\n".join(f"- {u}" for u in runs[0]["unmatched"]))
     return out
 
@@ -1173,6 +1200,10 @@ def main() -> None:
     ap.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
     ap.add_argument("--draftline-variant", action="append", default=None, metavar="NAME:key=value,...",
                     help=f"a draftline drafter to train (repeatable; default {' and '.join(DEFAULT_VARIANTS)})")
+    ap.add_argument("--peer-variant", type=parse_variant, default=None, metavar="NAME:key=value,...",
+                    help="train the peers with these overrides of params.yaml's train settings, as their mapping "
+                         "reads them, named <peer>-NAME (e.g. a16:anchors_per_seq=16, beside --draftline-variant "
+                         "a16:anchors_per_seq=16: the same anchors a step for every trainer)")
     ap.add_argument("--speculators-loss", nargs="+", default=["ce"],
                     help="speculators' --loss-fn, one pair of drafters each (ce: hard labels, the target's argmax; "
                          "kl_div, its DFlash 2 default: the target's whole distribution)")
@@ -1205,7 +1236,8 @@ def main() -> None:
     if args.pool:
         runs = [run for f in args.pool for run in json.loads(f.read_text())["seeds"]]
     else:
-        unknown = set(args.skip) - {j.name for j in jobs(list(TRAINERS), variants, args.speculators_loss)}
+        unknown = set(args.skip) - {j.name for j in jobs(list(TRAINERS), variants, args.speculators_loss,
+                                                         args.peer_variant)}
         if unknown:
             raise SystemExit(f"--skip {' '.join(sorted(unknown))}: no such drafter in this run")
         runs = []
