@@ -831,17 +831,27 @@ def jobs(trainers: list[str], variants: list[Variant], losses: list[str], peer: 
     return out
 
 
+def peer_overrides(peer: Variant) -> dict[str, Any]:
+    """``--peer-variant``'s overrides as Settings fields; a key the peers' mapping does not read is refused (checked
+    when the arguments are read, before any clone is built)."""
+    known = {f.name for f in fields(Settings)}
+    overrides = {dotted.removeprefix("train."): value for dotted, value in peer.overrides.items()}
+    for key in overrides.keys() - known:
+        raise SystemExit(f"--peer-variant {peer.name}: train.{key} is not a train setting the peers' mapping reads "
+                         f"({', '.join(sorted(known))})")
+    return overrides
+
+
 def peer_settings(s: Settings, peer: Variant) -> Settings:
     """The settings the peers' mapping reads, with ``--peer-variant``'s overrides of params.yaml's train section (to
-    give them what a draftline variant of the same keys gets, e.g. its anchors)."""
-    known = {f.name for f in fields(Settings)}
-    overrides = {}
-    for dotted, value in peer.overrides.items():
-        key = dotted.removeprefix("train.")
-        if key not in known:
-            raise SystemExit(f"--peer-variant {peer.name}: {dotted} is not a train setting the peers' mapping reads "
-                             f"({', '.join(sorted(known))})")
-        overrides[key] = value
+    give them what a draftline variant of the same keys gets, e.g. its anchors); a value of another kind than the
+    setting's own (a list for a number) is refused."""
+    overrides = peer_overrides(peer)
+    for key, value in overrides.items():
+        old = getattr(s, key)
+        if old is not None and not isinstance(value, type(old)) and not (isinstance(old, float) and isinstance(value, int)):
+            raise SystemExit(f"--peer-variant {peer.name}: train.{key}={value!r} is a {type(value).__name__}, "
+                             f"params.yaml's is a {type(old).__name__} ({old!r})")
     return replace(s, **overrides)
 
 
@@ -1232,6 +1242,8 @@ def main() -> None:
     if args.project is not None and len(args.seeds) != 1:
         raise SystemExit("--project is one clone: give one --seeds value")
     variants = [parse_variant(v) for v in (args.draftline_variant or DEFAULT_VARIANTS)]
+    if args.peer_variant:
+        peer_overrides(args.peer_variant)
     torch.set_num_threads(1)
     if args.pool:
         runs = [run for f in args.pool for run in json.loads(f.read_text())["seeds"]]
