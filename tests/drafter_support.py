@@ -156,7 +156,7 @@ def small_params(**overrides) -> dict:
         dflash2=dict(conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=4,
                      selector_loss_weight=1.0, selector_warmup_ratio=0.1, selector_labels="data",
                      selector_argmax_share=0.0, gold_outside_top_k="drop", selector_trains_drafter=False),
-        drafter_layers=1, target_layers=3, block_size=8, gamma=4.0, labels={"data": 1.0, "target_argmax": 0.0, "target_distribution": 0.0}, anchors_per_seq=8, anchor_sampling="per_row", max_length=64,
+        drafter_layers=1, target_layers=3, block_size=8, gamma=4.0, labels={"data": 1.0, "target_argmax": 0.0, "target_distribution": 0.0}, argmax_path="data", anchors_per_seq=8, anchor_sampling="per_row", max_length=64,
         max_tokens_per_batch=256, memory_limit_gb=4.0, feature_cache_gb=1.0, epochs=1.0, max_steps=0, lr=3e-3, min_lr_ratio=0.0,
         warmup_ratio=0.1, weight_decay=0.0, adam_betas=[0.9, 0.95], grad_clip=1.0, skip_nonfinite=0, bf16=True, seed=0, threads=1, gpus=0, save_every=5, log_every=1,
         strict=False, max_skip_share=0.01,

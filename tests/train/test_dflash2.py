@@ -18,6 +18,7 @@ from draftline.core.params import ParamsError
 from draftline.drafter.config import build_target_layer_ids, make_config
 from draftline.drafter.model import DFlashDrafter
 from draftline.train.data import collate
+from draftline.train.greedy import pack_chains
 from draftline.train.objective import SelectorObjective, dflash_loss, pack_features, selector_loss
 from draftline.train.params import TrainParams
 
@@ -130,6 +131,26 @@ def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(wor
         torch.bincount(batch.row_of[0]).tolist()), batch.loss_mask[0].split(torch.bincount(batch.row_of[0]).tolist()))]
     greedy = collate(S.greedy_rows(target, [p.tolist() for p in prompts]), np.arange(4), 64)
     assert torch.equal(stats(greedy, "target").selector, stats(greedy, "data").selector)
+
+
+@pytest.mark.parametrize("path", ["on_greedy_path", "greedy"])
+def test_the_selectors_target_label_on_the_greedy_path(workdir, path):
+    """``argmax_path`` with ``selector_labels: target``: the selector's hard label is kept only on the target's
+    greedy path, or is that path's token (its predecessor the path's too), so on sampled replies its loss changes;
+    a soft label from the target, for sampled walks, is left as it is."""
+    target, drafter, batch = _fresh_dflash2(workdir)
+    feats, final = pack_features(target, batch, [1, 3], final=True)
+    chains = pack_chains(target, batch.input_ids, batch.loss_mask, batch.row_of, 7)
+
+    def selector(labels, argmax_path):
+        with torch.no_grad():
+            return dflash_loss(drafter, feats, batch, anchors_per_seq=4, gamma=4.0, labels={"target_distribution": 1.0},
+                               generator=torch.Generator().manual_seed(0), target_final=final,
+                               selector=SelectorObjective(1.0, labels, outside_top_k="insert"),
+                               argmax_path=argmax_path, target_chains=chains).selector
+
+    assert not torch.equal(selector("target", path)[0], selector("target", "data")[0])
+    assert torch.equal(selector("target_distribution", path), selector("target_distribution", "data"))
 
 
 def test_dflash2_trains_from_scratch_and_from_a_dflash1_drafter(tmp_path, workdir, train):

@@ -16,6 +16,7 @@ from draftline.drafter.config import make_config
 from draftline.drafter.model import DFlashDrafter
 from draftline.train.anchors import anchor_candidates, sample_anchors
 from draftline.train.data import collate
+from draftline.train.greedy import greedy_chains, greedy_path, pack_chains
 from draftline.train.masks import block_mask, row_masks
 from draftline.train.objective import dflash_loss, draft_blocks, pack_features
 
@@ -107,6 +108,62 @@ def test_target_labels_are_the_targets_own_next_token_at_each_position(models):
     assert torch.equal(a.loss, b.loss) and torch.equal(a.correct, b.correct)
     other = collate(_dataset(), np.array([0, 1, 2]), 64)
     assert not torch.equal(_loss(drafter, target, other, "data").loss, _loss(drafter, target, other, "target_argmax").loss)
+
+
+def test_the_greedy_path_ends_after_the_first_token_the_data_sampled_off_it():
+    """Block 0 leaves the path at k = 2 (its k = 3 and 4 are off), block 1 never does, block 2's k = 2 is unsupervised
+    (not used), so its k = 3 is off even though the token there is greedy; the anchor's own position is never used."""
+    weights = torch.tensor([[[0, 1, 1, 1, 1], [0, 1, 1, 1, 0], [0, 1, 0, 1, 1]]]).float()
+    used = weights.flatten() > 0
+    greedy = torch.tensor([1, 0, 1, 1,  1, 1, 1,  1, 1, 1]).bool()  # per used position, in order
+    on = greedy_path(weights.shape, used, greedy)
+    assert on.tolist() == [True, True, False, False,  True, True, True,  True, False, False]
+
+
+@pytest.mark.parametrize("path", ["on_greedy_path", "greedy"])
+def test_argmax_labels_on_the_greedy_path(models, path):
+    """On replies the target wrote greedily the data is the greedy path: either choice changes nothing, bit for bit.
+    On sampled replies ``on_greedy_path`` drops the argmax label past each block's first off-path token, and
+    ``greedy`` replaces it by the path's token: both change the loss."""
+    target, drafter = models
+
+    def loss(pack, argmax_path: str):
+        features, final = pack_features(target, pack, drafter.target_layer_ids, final=True)
+        chains = pack_chains(target, pack.input_ids, pack.loss_mask, pack.row_of, 3)
+        return dflash_loss(drafter, features, pack, anchors_per_seq=4, gamma=4.0, labels={"target_argmax": 1.0},
+                           generator=torch.Generator().manual_seed(1), target_final=final,
+                           argmax_path=argmax_path, target_chains=chains).loss
+
+    greedy = collate(_greedy_rows(target, 3), np.array([0, 1, 2]), 64)
+    assert torch.equal(loss(greedy, path), loss(greedy, "data"))
+    other = collate(_dataset(), np.array([0, 1, 2]), 64)
+    assert not torch.equal(loss(other, path), loss(other, "data"))
+
+
+@torch.no_grad()
+def test_greedy_chains_are_what_greedy_decoding_from_each_position_gives(models):
+    """Every supervised position's continuation, decoded at once over the KV cache, is token for token what
+    step-by-step greedy decoding of the row up to that position gives (within the row)."""
+    target, _ = models
+    ds = _dataset(2)
+    for ids, mask in zip(ds["input_ids"], ds["loss_mask"]):
+        ids_t, mask_t = torch.tensor(ids)[None], torch.tensor(mask)[None]
+        chains = greedy_chains(target, ids_t, mask_t, 4)
+        for i in (i for i in range(len(ids) - 1) if mask[i + 1]):
+            x, want = ids_t[:, : i + 1], []
+            for _ in range(min(4, len(ids) - 1 - i)):
+                want.append(int(target(input_ids=x).logits[0, -1].argmax()))
+                x = torch.cat([x, torch.tensor([[want[-1]]])], dim=1)
+            assert chains[i, : len(want)].tolist() == want, i
+
+
+def test_argmax_path_needs_an_argmax_label():
+    with pytest.raises(ParamsError, match="argmax_path"):
+        S.train_params(argmax_path="greedy")  # labels: data only
+    labels = {"data": 0.0, "target_argmax": 0.5, "target_distribution": 1.0}
+    assert S.train_params(argmax_path="on_greedy_path", labels=labels).argmax_path == "on_greedy_path"
+    selector = dict(S.small_params()["dflash2"], selector_labels="target")
+    assert S.train_params(argmax_path="greedy", architecture="dflash2", dflash2=selector).argmax_path == "greedy"
 
 
 def test_the_target_distribution_loss_is_a_kl_that_training_lowers(models):

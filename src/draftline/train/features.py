@@ -23,40 +23,48 @@ from tqdm import tqdm
 from draftline.train.data import BatchPlan
 
 RowFeatures = Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]
+RowChains = Callable[[int], torch.Tensor]
 
 
-def cache_bytes(plan: BatchPlan, width: int, element_size: int, final_width: int = 0) -> int:
-    """Bytes the cache of every trainable row would hold (``final_width``: the target's last hidden state too)."""
-    return plan.tokens * (width + final_width) * element_size
+def cache_bytes(plan: BatchPlan, width: int, element_size: int, final_width: int = 0, chain_depth: int = 0) -> int:
+    """Bytes the cache of every trainable row would hold (``final_width``: the target's last hidden state too;
+    ``chain_depth``: its greedy continuation after every token, int64)."""
+    return plan.tokens * ((width + final_width) * element_size + chain_depth * 8)
 
 
 class FeatureCache:
     """Features of every trainable row, one flat ``[tokens, width]`` tensor indexed by row, and optionally the
-    target's last hidden state at each of them (``[tokens, hidden]``)."""
+    target's last hidden state at each of them (``[tokens, hidden]``) and its greedy continuation after each
+    (``[tokens, depth]``, :func:`draftline.train.greedy.greedy_chains`)."""
 
-    def __init__(self, flat: torch.Tensor, starts: np.ndarray, lengths: np.ndarray, final: torch.Tensor | None = None):
-        self.flat, self.starts, self.lengths, self.final = flat, starts, lengths, final
+    def __init__(self, flat: torch.Tensor, starts: np.ndarray, lengths: np.ndarray, final: torch.Tensor | None = None,
+                 chains: torch.Tensor | None = None):
+        self.flat, self.starts, self.lengths, self.final, self.chains = flat, starts, lengths, final, chains
 
     @property
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.flat, self.final) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.flat, self.final, self.chains) if t is not None)
 
     @classmethod
     def fill(cls, plan: BatchPlan, features_of: RowFeatures, width: int, final_width: int, dtype: torch.dtype,
-             device: torch.device, show: bool = True) -> "FeatureCache":
+             device: torch.device, show: bool = True, chains_of: RowChains | None = None,
+             chain_depth: int = 0) -> "FeatureCache":
         """Run ``features_of(row) -> ([1, length, width], [1, length, final_width] | None)`` over every trainable
-        row once, in the plan's row order."""
+        row once, in the plan's row order (and ``chains_of(row) -> [1, length, chain_depth]`` when given)."""
         lengths = plan.stats.lengths
         starts = np.full(len(lengths), -1, dtype=np.int64)
         starts[plan.rows] = np.concatenate([[0], np.cumsum(lengths[plan.rows])[:-1]])
         flat = torch.empty((plan.tokens, width), dtype=dtype, device=device)
         final = torch.empty((plan.tokens, final_width), dtype=dtype, device=device) if final_width else None
+        chains = torch.empty((plan.tokens, chain_depth), dtype=torch.long, device=device) if chains_of else None
         for r in tqdm(plan.rows, desc="target features", disable=not show, dynamic_ncols=True):
             features, last = features_of(int(r))
             flat[starts[r]: starts[r] + lengths[r]] = features[0]
             if final is not None:
                 final[starts[r]: starts[r] + lengths[r]] = last[0]
-        return cls(flat, starts, lengths, final)
+            if chains is not None:
+                chains[starts[r]: starts[r] + lengths[r]] = chains_of(int(r))[0]
+        return cls(flat, starts, lengths, final, chains)
 
     def _slices(self, rows: np.ndarray) -> list[slice]:
         for r in rows:
@@ -70,3 +78,7 @@ class FeatureCache:
         slices = self._slices(rows)
         features = torch.cat([self.flat[s] for s in slices])[None]
         return features, (None if self.final is None else torch.cat([self.final[s] for s in slices])[None])
+
+    def pack_chains(self, rows: np.ndarray) -> torch.Tensor:
+        """``[1, tokens, depth]``: the rows' greedy continuations laid end to end, as their pack is."""
+        return torch.cat([self.chains[s] for s in self._slices(rows)])[None]

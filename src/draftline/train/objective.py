@@ -12,6 +12,7 @@ from draftline.drafter.model import DFlashDrafter, target_features
 from draftline.drafter.modeling_dflash import FULL
 from draftline.train.anchors import sample_anchors
 from draftline.train.data import Batch
+from draftline.train.greedy import block_chains, greedy_path, path_labels
 from draftline.train.masks import block_inputs, block_positions, block_targets, row_masks
 
 
@@ -100,6 +101,8 @@ def dflash_loss(
     labels: dict[str, float] | None = None,
     target_final: torch.Tensor | None = None,
     selector: SelectorObjective = SelectorObjective(),
+    argmax_path: str = "data",
+    target_chains: torch.Tensor | None = None,
 ) -> StepStats:
     """The DFlash objective on one pack, given the target's ``features`` of it (:func:`pack_features`): up to
     ``anchors_per_seq`` blocks per row, or as many in all spread over the pack's candidates (``anchors_per_token``).
@@ -110,7 +113,10 @@ def dflash_loss(
     divergence from the target's whole next-token distribution to the drafter's: what verification by rejection
     sampling accepts). The target's choices come from ``target_final``, its last hidden state ``[b, s, hidden]``,
     needed by any loss but ``data``; DFlash 2's selector learns the data's token, the target's greedy choice or the
-    target's distribution over its candidates (``selector``).
+    target's distribution over its candidates (``selector``). The target's greedy choice (``target_argmax``, a hard
+    selector label from the target) follows ``argmax_path`` (:mod:`draftline.train.greedy`): ``data``, its argmax
+    after the data's tokens; ``on_greedy_path``, the same only where the data is on its greedy path from the anchor;
+    ``greedy``, that path itself (``target_chains`` ``[1, s, >= B - 1]``), the selector's predecessor on it too.
 
     ``drafter`` may be DDP-wrapped; ``core`` below is the bare :class:`DFlashDrafter`. Logits are only computed
     where a label has weight, which keeps the vocabulary-sized tensors as small as they can be.
@@ -133,7 +139,13 @@ def dflash_loss(
         final = target_final.gather(1, at[:, :, None].expand(-1, -1, target_final.shape[-1]))
         target_logits = core.logits(final.reshape(-1, final.shape[-1])[used]).float()
         target_choice = target_logits.argmax(-1)
-    per_label = block_losses(logits, data_ids, target_logits, target_choice, labels or {"data": 1.0})
+    on_path = path_previous = None
+    if argmax_path == "on_greedy_path" and target_choice is not None:
+        on_path = greedy_path(tokens.shape, used, data_ids == target_choice).float()
+    elif argmax_path == "greedy" and target_choice is not None:
+        target_choice, path_previous = path_labels(block_chains(target_chains, batch.input_ids, anchors, B), used,
+                                                   target_choice)
+    per_label = block_losses(logits, data_ids, target_logits, target_choice, labels or {"data": 1.0}, on_path)
     loss = (per_label * w).sum() / w.sum()
     label_ids = data_ids if target_choice is None else target_choice
     with torch.no_grad():
@@ -146,21 +158,27 @@ def dflash_loss(
         # The token before each label: the anchor at block position 1, the previous label after it (teacher forcing).
         previous = torch.cat([tokens[..., :1], tokens[..., :-1]], dim=-1).flatten()[used]
         gold = data_ids if selector.labels == "data" else target_choice
+        if path_previous is not None and selector.labels == "target":
+            previous = torch.where(path_previous >= 0, path_previous, previous)
         soft = target_logits if selector.labels == "target_distribution" else None
-        sel_loss, selector_stats = selector_loss(core, h, logits, previous, gold, w, selector, soft)
+        sel_w = w if on_path is None or selector.labels != "target" else w * on_path
+        sel_loss, selector_stats = selector_loss(core, h, logits, previous, gold, sel_w, selector, soft)
         loss = loss + selector.weight * sel_loss
     return StepStats(loss, correct, counted, selector_stats)
 
 
 def block_losses(logits: torch.Tensor, data_ids: torch.Tensor, target_logits: torch.Tensor | None,
-                 target_choice: torch.Tensor | None, weights: dict[str, float]) -> torch.Tensor:
+                 target_choice: torch.Tensor | None, weights: dict[str, float],
+                 on_path: torch.Tensor | None = None) -> torch.Tensor:
     """Each label's loss ``[labels]``: the weighted sum of the cross-entropy on the data's token, on the target's
-    choice, and the KL divergence from the target's distribution (weights of 0 cost nothing)."""
+    choice (only where ``on_path`` is 1, when given: :func:`greedy_path`), and the KL divergence from the target's
+    distribution (weights of 0 cost nothing)."""
     total = torch.zeros(len(data_ids), device=logits.device)
     if weights.get("data", 0.0):
         total = total + weights["data"] * F.cross_entropy(logits, data_ids, reduction="none")
     if weights.get("target_argmax", 0.0):
-        total = total + weights["target_argmax"] * F.cross_entropy(logits, target_choice, reduction="none")
+        argmax = F.cross_entropy(logits, target_choice, reduction="none")
+        total = total + weights["target_argmax"] * (argmax if on_path is None else argmax * on_path)
     if weights.get("target_distribution", 0.0):
         kl = F.kl_div(F.log_softmax(logits, dim=-1), F.log_softmax(target_logits, dim=-1), log_target=True,
                       reduction="none").sum(-1)

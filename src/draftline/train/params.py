@@ -75,6 +75,7 @@ class TrainParams(Params):
     max_window_layers: int
     gamma: float
     labels: LabelWeights
+    argmax_path: Literal["data", "on_greedy_path", "greedy"]
     anchors_per_seq: int
     anchor_sampling: Literal["per_row", "per_token"]
     max_length: int
@@ -117,6 +118,11 @@ class TrainParams(Params):
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ParamsError(f"params.yaml: {where}.adam_betas must be two numbers in [0, 1) (AdamW's beta1, beta2), "
                               f"got {self.adam_betas}")
+        hard_selector = self.architecture == "dflash2" and self.dflash2.selector_labels == "target"
+        if self.argmax_path != "data" and not (self.labels.target_argmax > 0 or hard_selector):
+            # with no label from the target's argmax the choice would be silently ignored
+            raise ParamsError(f"params.yaml: {where}.argmax_path is read only with labels.target_argmax > 0 or "
+                              f"dflash2.selector_labels: target; set it to data")
         if self.feature_cache_gb < 0:
             raise ParamsError(f"params.yaml: {where}.feature_cache_gb must be >= 0 (0: features online), "
                               f"got {self.feature_cache_gb}")

@@ -47,6 +47,7 @@ from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, ma
 from draftline.drafter.model import DFlashDrafter
 from draftline.train.data import Batch, BatchPlan, collate, pack_rows, pack_shapes
 from draftline.train.features import FeatureCache, cache_bytes
+from draftline.train.greedy import pack_chains
 from draftline.train.memory import GB, Preflight, Shapes, preflight
 from draftline.train.objective import SelectorObjective, dflash_loss, pack_features
 from draftline.train.params import NOT_IN_KEY, TrainParams
@@ -111,14 +112,24 @@ class Run:
 
     def loss(self, model, rows: np.ndarray, batch: Batch, generator, step: int = 0):
         with torch.autocast(self.d.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            chains = None
             if self.features is not None:
                 features, final = self.features.pack(rows)
+                chains = self.features.pack_chains(rows) if self.chain_depth else None
             else:
                 features, final = pack_features(self.target, batch, self.drafter.target_layer_ids, self.needs_final)
+                if self.chain_depth:
+                    chains = pack_chains(self.target, batch.input_ids, batch.loss_mask, batch.row_of, self.chain_depth)
             return dflash_loss(model, features, batch, anchors_per_seq=self.cfg.anchors_per_seq, gamma=self.cfg.gamma,
                                generator=generator, anchors_per_token=self.cfg.anchor_sampling == "per_token",
                                labels=asdict(self.cfg.labels), target_final=final,
-                               selector=self.selector_objective(step))
+                               selector=self.selector_objective(step), argmax_path=self.cfg.argmax_path,
+                               target_chains=chains)
+
+    @property
+    def chain_depth(self) -> int:
+        """Tokens of the target's greedy continuation kept after every token (``argmax_path: greedy``), else 0."""
+        return self.cfg.block_size - 1 if self.cfg.argmax_path == "greedy" else 0
 
     @property
     def needs_final(self) -> bool:
@@ -268,7 +279,7 @@ def cache_features(run: Run) -> None:
     dtype = next(run.target.parameters()).dtype
     hidden = run.target.config.get_text_config().hidden_size
     width, final_width = len(run.drafter.target_layer_ids) * hidden, hidden if run.needs_final else 0
-    size = cache_bytes(run.plan, width, dtype.itemsize, final_width)
+    size = cache_bytes(run.plan, width, dtype.itemsize, final_width, run.chain_depth)
     if size > cfg.feature_cache_gb * GB:
         if d.main:
             log.info("target features computed online at every step: every row's would take %.2f GB, over "
@@ -280,7 +291,13 @@ def cache_features(run: Run) -> None:
             return pack_features(run.target, run.batch(np.array([row])), run.drafter.target_layer_ids,
                                  run.needs_final)
 
-    run.features = FeatureCache.fill(run.plan, features_of, width, final_width, dtype, d.device, show=d.main)
+    def chains_of(row: int) -> torch.Tensor:
+        batch = run.batch(np.array([row]))
+        with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=run.autocast):
+            return pack_chains(run.target, batch.input_ids, batch.loss_mask, batch.row_of, run.chain_depth)
+
+    run.features = FeatureCache.fill(run.plan, features_of, width, final_width, dtype, d.device, show=d.main,
+                                     chains_of=chains_of if run.chain_depth else None, chain_depth=run.chain_depth)
 
 
 def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
