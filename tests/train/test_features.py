@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from draftline.train import trainer as T
+from draftline.train.greedy import pack_chains
 from draftline.train.objective import pack_features
 
 
@@ -48,6 +49,19 @@ def test_cached_features_are_each_packs_online_features(workdir, labels):
             assert online_final is None and cached_final is None
         else:
             assert torch.equal(cached_final, online_final)
+
+
+def test_cached_greedy_paths_are_each_packs_online_paths(workdir):
+    """``argmax_path: greedy``: the cache holds every row's greedy continuations, read back per pack as a step
+    computing them online (``pack_chains``) would, bit for bit."""
+    selector = {**S.small_params()["dflash2"], "selector_labels": "target"}
+    run = _run(workdir, architecture="dflash2", dflash2=selector, argmax_path="greedy")
+    assert run.chain_depth == 7 and run.features.chains is not None
+    for step in range(run.plan.steps_per_epoch):
+        rows = run.plan.batch_rows(step, 0)
+        batch = run.batch(rows)
+        online = pack_chains(run.target, batch.input_ids, batch.loss_mask, batch.row_of, run.chain_depth)
+        assert torch.equal(run.features.pack_chains(rows), online)
 
 
 def test_rows_outside_the_plan_are_refused():
