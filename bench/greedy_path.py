@@ -10,7 +10,7 @@ labels on the greedy path (:func:`draftline.train.greedy.greedy_path`, the defin
 It reads ``data/merged`` and ``data/target`` of the project it runs in, and ``params.yaml: train`` (block size,
 gamma, max_length); the target runs on the CPU, one row at a time, in float32. Nothing is written.
 
-    python bench/greedy_path.py                      # every row of the embedded default: about a minute
+    python bench/greedy_path.py                      # every row of the embedded default: ~5 min beside other work
     python bench/greedy_path.py --rows 300 --seed 0  # a seeded sample of rows
 """
 
