@@ -50,6 +50,15 @@ def own_draftline_cache(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def llama_server() -> Path:
+    """The real pinned llama-server: built once per version and CPU (minutes, the first time on a machine), then
+    found in its cache outside the checkout (core/llama_cpp.py), so a second run or a second clone builds nothing."""
+    from draftline.core.llama_cpp import server
+
+    return server()
+
+
+@pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """``../shared`` beside the checkout; tests that need it skip cleanly where it is absent."""
     if not (SHARED / "fixtures").is_dir():

