@@ -85,8 +85,12 @@ def test_a_speculating_servers_acceptance_is_read_from_sglangs_meta_info(tmp_pat
         assert srv.requests and not any("return_meta_info" in r["body"] for r in srv.requests)
     # A journal of its own: over the plain run's journal the drafter would send nothing (not in the journal key).
     monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "other-cache"))
+    # The drafter the servers speculate with: its config alone is read here, to check that it fits the target.
+    drafter = tmp_path / "drafted/data/drafters/round1"
+    drafter.mkdir(parents=True)
+    (drafter / "config.json").write_text(json.dumps({"block_size": 4, "draftline": {"tokenizer_fingerprint": "tok-fp"}}))
     with FakeSGLang(spec_accept_length=3) as srv:
-        p = {**sglang_params(srv.url), "draft_model": str(tmp_path / "drafted/data/drafters/round1")}
+        p = {**sglang_params(srv.url), "draft_model": str(drafter)}
         m = run_in(make_project(tmp_path / "drafted", prompts, p), p)
         assert len(srv.requests) == 6 and all(r["body"]["return_meta_info"] is True for r in srv.requests)
     assert shard_bytes(tmp_path / "drafted") == shard_bytes(tmp_path / "plain")

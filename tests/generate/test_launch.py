@@ -1,5 +1,5 @@
-"""The launch path: the SGLang and vLLM command lines (with and without a drafter), and the start / health wait /
-stop cycle on a real process."""
+"""The launch path: the SGLang, vLLM and llama.cpp command lines (with and without a drafter), and the start /
+health wait / stop cycle on a real process."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 from draftline.core.errors import Refusal
-from draftline.generate.launcher import Server, ServerFailed, launch_env, server_command
+from draftline.generate.launcher import Draft, Server, ServerFailed, launch_env, server_command
 from draftline.generate.params import LaunchParams
 
 # params.yaml's commented launch example: generate.launch takes every key once it is set.
 LAUNCH = {"engine": "sglang", "gpus": None, "dp_size": 1, "tp_size": 1, "host": "127.0.0.1", "port": 30000, "extra_args": [],
           "health_timeout_s": 1800}
+
+
+LLAMA_CPP = {"threads": 1, "slots": 2, "context": 2048, "gguf_type": "f32"}
 
 
 def launch(**kw) -> LaunchParams:
@@ -46,24 +49,39 @@ def drafter_dir(tmp_path) -> Path:
     return tmp_path / "drafter"
 
 
-def test_a_drafter_makes_each_engine_speculate_in_its_own_block_convention(drafter_dir):
-    sglang = server_command("/m", launch(), False, str(drafter_dir), "python")
+def test_a_drafter_makes_each_engine_speculate_in_its_own_block_convention(drafter_dir, llama_server):
+    draft = Draft.of(drafter_dir)
+    sglang = server_command("/m", launch(), False, draft, "python")
     # SGLang's --speculative-num-draft-tokens is the whole block (the verified token + 15 drafts).
     assert sglang[-6:] == ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter_dir),
                            "--speculative-num-draft-tokens", "16"]
     vllm = server_command("/m", launch(engine="vllm", tp_size=4, extra_args=["--max-model-len", "8192"]), True,
-                          str(drafter_dir), "/venv/bin/python")
+                          draft, "/venv/bin/python")
     assert vllm[:3] == ["/venv/bin/vllm", "serve", "/m"]
     assert vllm[vllm.index("--tensor-parallel-size") + 1] == "4" and "--reasoning-parser" in vllm
     spec = json.loads(vllm[vllm.index("--speculative-config") + 1])
     # vLLM's num_speculative_tokens counts the drafts alone: block size - 1.
     assert spec == {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 15}
     assert vllm[-2:] == ["--max-model-len", "8192"]
+    # llama.cpp: the pinned server, the drafter's GGUF, --spec-draft-n-max the drafts alone (block size - 1).
+    cpp = server_command("/t.gguf", launch(engine="llama.cpp", llama_cpp=LLAMA_CPP), False, Draft("/d.gguf", 16),
+                         alias="/models/target")
+    assert cpp[0] == str(llama_server)
+    assert cpp[cpp.index("--model") + 1] == "/t.gguf" and cpp[cpp.index("--alias") + 1] == "/models/target"
+    assert cpp[cpp.index("--parallel") + 1] == "2" and cpp[cpp.index("--ctx-size") + 1] == "4096"
+    assert cpp[-6:] == ["--model-draft", "/d.gguf", "--spec-type", "draft-dflash", "--spec-draft-n-max", "15"]
     (drafter_dir / "config.json").write_text("{}")
     with pytest.raises(Refusal, match="block_size"):
-        server_command("/m", launch(), False, str(drafter_dir), "python")
+        Draft.of(drafter_dir)
     with pytest.raises(Refusal, match="does not exist"):
-        server_command("/m", launch(), False, str(drafter_dir / "nowhere"), "python")
+        Draft.of(drafter_dir / "nowhere")
+
+
+def test_llama_cpp_needs_its_section():
+    with pytest.raises(Refusal, match="llama_cpp is missing"):
+        launch(engine="llama.cpp")
+    with pytest.raises(Refusal, match="slots must be >= 1"):
+        launch(engine="llama.cpp", llama_cpp={**LLAMA_CPP, "slots": 0})
 
 
 def free_port() -> int:

@@ -10,6 +10,7 @@ about: the drafter's own is the one it was trained with.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,20 @@ def check_lineage(checkpoint: str | os.PathLike, info: TargetInfo) -> dict[str, 
             f"the drafter in {checkpoint} was trained on data of another tokenizer (fingerprint "
             f"{lineage['tokenizer_fingerprint'][:12]}) than the target's ({info.tokenizer_fingerprint[:12]}): "
             "retrain it for this target"
+        )
+    return lineage
+
+
+def check_fits(checkpoint: str | os.PathLike, info: TargetInfo) -> dict[str, Any]:
+    """:func:`check_lineage`, and the layer count against ``target.json``'s (no model loaded): what a server's
+    drafter must pass before the server starts."""
+    lineage = check_lineage(checkpoint, info)
+    config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+    n_trained = config.get("num_target_layers")
+    if info.num_hidden_layers is not None and n_trained is not None and int(n_trained) != info.num_hidden_layers:
+        raise DrafterMismatch(
+            f"the drafter in {checkpoint} was trained on a {n_trained}-layer target, but {info.path} has "
+            f"{info.num_hidden_layers} layers: retrain it for this target"
         )
     return lineage
 

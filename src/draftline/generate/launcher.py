@@ -1,13 +1,16 @@
-"""Starting and stopping an SGLang or vLLM server for the stage (``generate.launch``).
+"""Starting and stopping an SGLang, vLLM or llama.cpp server for the stage (``generate.launch``).
 
-The stage starts ``python -m sglang.launch_server`` or ``vllm serve`` itself when asked to, waits until ``/health``
-answers, and stops the whole process group at the end, so that no GPU process outlives the run. The server's output
-goes to a log file kept beside the journal.
+The stage starts ``python -m sglang.launch_server``, ``vllm serve`` or the pinned ``llama-server``
+(:mod:`draftline.core.llama_cpp`) itself when asked to, waits until ``/health`` answers, and stops the whole process
+group at the end, so that no server process outlives the run. The server's output goes to a log file kept beside
+the journal.
 
-With ``generate.draft_model`` the server speculates with that DFlash drafter. The block size is read from the
-drafter's own ``config.json`` (``block_size``), never repeated as a param, and each engine is told it in its own
-convention: SGLang's ``--speculative-num-draft-tokens`` is the whole block (the verified token + B-1 drafts), vLLM's
-``num_speculative_tokens`` the drafts alone (B-1).
+With ``generate.draft_model`` the server speculates with that DFlash drafter (:class:`Draft`). The block size is
+read from the drafter's own ``config.json`` (``block_size``), never repeated as a param, and each engine is told it
+in its own convention: SGLang's ``--speculative-num-draft-tokens`` is the whole block (the verified token + B-1
+drafts), vLLM's ``num_speculative_tokens`` and llama.cpp's ``--spec-draft-n-max`` the drafts alone (B-1).
+llama.cpp serves GGUF files: the target's own (a GGUF target) or its folder converted, and the drafter converted
+(:mod:`draftline.core.gguf`); the stage passes their paths.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftline.core.errors import Refusal
@@ -40,14 +44,32 @@ def draft_block_size(draft_model: str | os.PathLike) -> int:
     return block
 
 
-def server_command(info_path: str, launch: LaunchParams, enable_thinking: bool, draft_model: str | None,
-                   python: str = sys.executable) -> list[str]:
-    """The command line that starts ``launch.engine`` serving the target (speculating with ``draft_model``)."""
-    make = sglang_command if launch.engine == "sglang" else vllm_command
-    return make(str(info_path), launch, enable_thinking, draft_model, python) + [str(a) for a in launch.extra_args]
+@dataclass(frozen=True)
+class Draft:
+    """A drafter as an engine loads it: ``path`` (the checkpoint folder; for llama.cpp its GGUF) and its block."""
+
+    path: str
+    block_size: int
+
+    @classmethod
+    def of(cls, checkpoint: str | os.PathLike, path: str | os.PathLike | None = None) -> "Draft":
+        """The drafter in ``checkpoint``, loaded from ``path`` (default: the folder itself)."""
+        return cls(str(path or checkpoint), draft_block_size(checkpoint))
 
 
-def sglang_command(model_path: str, launch: LaunchParams, enable_thinking: bool, draft_model: str | None,
+def server_command(model_path: str, launch: LaunchParams, enable_thinking: bool, draft: Draft | None,
+                   python: str = sys.executable, alias: str | None = None) -> list[str]:
+    """The command line that starts ``launch.engine`` serving ``model_path`` (speculating with ``draft``), answering
+    as model ``alias`` (llama.cpp; SGLang and vLLM answer as the path)."""
+    if launch.engine == "llama.cpp":
+        cmd = llama_cpp_command(model_path, launch, draft, alias or model_path)
+    else:
+        make = sglang_command if launch.engine == "sglang" else vllm_command
+        cmd = make(model_path, launch, enable_thinking, draft, python)
+    return cmd + [str(a) for a in launch.extra_args]
+
+
+def sglang_command(model_path: str, launch: LaunchParams, enable_thinking: bool, draft: Draft | None,
                    python: str) -> list[str]:
     """``python -m sglang.launch_server`` for ``generate.launch`` (extra_args appended by the caller)."""
     cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path,
@@ -62,13 +84,13 @@ def sglang_command(model_path: str, launch: LaunchParams, enable_thinking: bool,
     # Without it SGLang leaves a Qwen3 tool call in `content` as text; with it the reply carries `tool_calls`,
     # which the tokenize stage renders back through the template (and the local backend parses the same way).
     cmd += ["--tool-call-parser", "qwen25"]
-    if draft_model is not None:
-        cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft_model),
-                "--speculative-num-draft-tokens", str(draft_block_size(draft_model))]
+    if draft is not None:
+        cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft.path,
+                "--speculative-num-draft-tokens", str(draft.block_size)]
     return cmd
 
 
-def vllm_command(model_path: str, launch: LaunchParams, enable_thinking: bool, draft_model: str | None,
+def vllm_command(model_path: str, launch: LaunchParams, enable_thinking: bool, draft: Draft | None,
                  python: str) -> list[str]:
     """``vllm serve`` for ``generate.launch`` with the same parsers as SGLang's (Qwen3's tool calls are Hermes
     markup, which vLLM's ``hermes`` parser reads)."""
@@ -80,10 +102,24 @@ def vllm_command(model_path: str, launch: LaunchParams, enable_thinking: bool, d
     if enable_thinking:
         cmd += ["--reasoning-parser", "qwen3"]
     cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    if draft_model is not None:
-        spec = {"method": "dflash", "model": str(draft_model),
-                "num_speculative_tokens": draft_block_size(draft_model) - 1}
+    if draft is not None:
+        spec = {"method": "dflash", "model": draft.path, "num_speculative_tokens": draft.block_size - 1}
         cmd += ["--speculative-config", json.dumps(spec)]
+    return cmd
+
+
+def llama_cpp_command(gguf: str, launch: LaunchParams, draft: Draft | None, alias: str) -> list[str]:
+    """The pinned ``llama-server`` (built on first use) serving the GGUF ``gguf`` with ``launch.llama_cpp``'s threads
+    and slots, a context of ``context`` tokens per slot, its chat template (``--jinja``: tool calls and reasoning
+    come back apart, as from SGLang's parsers) and its Prometheus counters (``/metrics``)."""
+    from draftline.core.llama_cpp import server
+
+    c = launch.llama_cpp
+    cmd = [str(server()), "--model", gguf, "--alias", alias, "--host", launch.host, "--port", str(launch.port),
+           "--threads", str(c.threads), "--parallel", str(c.slots), "--ctx-size", str(c.slots * c.context),
+           "--jinja", "--metrics", "--no-webui"]
+    if draft is not None:
+        cmd += ["--model-draft", draft.path, "--spec-type", "draft-dflash", "--spec-draft-n-max", str(draft.block_size - 1)]
     return cmd
 
 

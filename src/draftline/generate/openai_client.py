@@ -1,4 +1,4 @@
-"""An async client for OpenAI-compatible ``/v1/chat/completions`` servers (SGLang, its router, vLLM).
+"""An async client for OpenAI-compatible ``/v1/chat/completions`` servers (SGLang, its router, vLLM, llama.cpp).
 
 Several endpoints, ``concurrency`` requests in flight on each, every request sent to the least-busy endpoint
 with a free slot. Transport errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter, and
@@ -31,7 +31,7 @@ class ChatResult:
     finish_reason: str | None
     usage: dict[str, int]
     # With a drafter: verification steps and the tokens they produced (the prefill's first token not counted);
-    # from the local loop, or SGLang's meta_info (spec_verify_ct). None without one.
+    # from the local loop, SGLang's meta_info (spec_verify_ct) or llama.cpp's timings. None without one.
     speculative: dict[str, int] | None = None
 
 
@@ -93,7 +93,8 @@ def parse_reply(body: dict[str, Any]) -> ChatResult:
         message=message,
         finish_reason=choice.get("finish_reason"),
         usage={"prompt_tokens": int(usage.get("prompt_tokens") or 0), "completion_tokens": completion},
-        speculative=_spec_stats(choice.get("meta_info") or body.get("meta_info"), completion),
+        speculative=(_spec_stats(choice.get("meta_info") or body.get("meta_info"), completion)
+                     or llama_cpp_spec_stats(body.get("timings"))),
     )
 
 
@@ -104,6 +105,17 @@ def _spec_stats(meta: dict[str, Any] | None, completion_tokens: int) -> dict[str
     if not isinstance(steps, int) or steps < 1 or completion_tokens < 1:
         return None
     return {"steps": steps, "tokens": completion_tokens - 1}
+
+
+def llama_cpp_spec_stats(timings: dict[str, Any] | None) -> dict[str, int] | None:
+    """llama.cpp's per-request counts (``timings``, in every final reply of a server with a drafter):
+    ``predicted_n`` tokens, the first from the prefill; every later target step gives the drafts it accepted
+    (``draft_n_accepted`` in all) plus one, so the steps are the tokens after the first less the accepted drafts."""
+    timings = timings or {}
+    predicted, accepted = timings.get("predicted_n"), timings.get("draft_n_accepted")
+    if not isinstance(predicted, int) or not isinstance(accepted, int) or predicted < 2:
+        return None
+    return {"steps": predicted - 1 - accepted, "tokens": predicted - 1}
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftline.core.gguf import served_drafter, served_target
 from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo, read_prompts
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.scratch import scratch_dir
 from draftline.core.target import load_target
 from draftline.core.tracked import require_tracked
+from draftline.drafter.fit import check_fits
 from draftline.generate.batches import generate_local
 from draftline.generate.dataset import answerable, generate_dataset
 from draftline.generate.journal import OK, Journal, start_at
 from draftline.generate.key import journal_decides
-from draftline.generate.launcher import Server, launch_env, server_command
+from draftline.generate.launcher import Draft, Server, launch_env, server_command
 from draftline.generate.order import dispatch_order, prefix_group
 from draftline.generate.params import GenerateParams
 from draftline.generate.progress import Progress
@@ -51,9 +53,9 @@ class GenerateArgs(StageArgs):
     drafters: Path  # where earlier rounds' drafters and evaluations live (a dependency of the stage)
 
 
-def dispatch(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
-    """Generate ``work``'s pending prompts with the configured backend (starting an SGLang or vLLM server when
-    ``launch`` is set, its log beside the journal). Returns the requests sent and their retries."""
+def dispatch(work: Work, s: GenerateParams, info: TargetInfo, target_json: Path, server_log: Path | None) -> dict[str, int]:
+    """Generate ``work``'s pending prompts with the configured backend (starting an SGLang, vLLM or llama.cpp server
+    when ``launch`` is set, its output appended to ``server_log``). Returns the requests sent and their retries."""
     if not work.plan.pending:
         return {"requests": 0, "retries": 0}
     if s.backend == "local":
@@ -65,8 +67,13 @@ def dispatch(work: Work, s: GenerateParams, info: TargetInfo) -> dict[str, int]:
         return asyncio.run(generate_remote(work, s, s.endpoints, model))
     cfg = s.launch
     url = f"http://{cfg.host}:{cfg.port}"
-    with Server(server_command(info.path, cfg, s.enable_thinking, s.draft_model), url,
-                work.journal.folder / f"{cfg.engine}.log", health_timeout_s=cfg.health_timeout_s, env=launch_env(cfg)):
+    served, draft = info.path, Draft.of(s.draft_model) if s.draft_model else None
+    if cfg.engine == "llama.cpp":
+        served = str(served_target(target_json, cfg.llama_cpp.gguf_type))
+        if draft is not None:
+            draft = Draft(str(served_drafter(s.draft_model, info, cfg.llama_cpp.gguf_type)), draft.block_size)
+    with Server(server_command(served, cfg, s.enable_thinking, draft, alias=model), url, server_log,
+                health_timeout_s=cfg.health_timeout_s, env=launch_env(cfg)):
         return asyncio.run(generate_remote(work, s, [url], model))
 
 
@@ -80,7 +87,9 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
     # The prompts the backend can answer; the others are counted skips, and the report still has every prompt read.
     todo = answerable(prompts, stage.skips) if p.backend == "dataset" else prompts
     info = load_target(args.target)
-    decides = journal_decides(p, info, prompts)
+    if p.draft_model is not None and p.backend != "dataset":
+        check_fits(p.draft_model, info)  # a drafter of another target is refused before any server starts
+    decides = journal_decides(p, info, prompts, args.target)
     folder = scratch_dir("generate", decides)
     journal = Journal(folder)
     entries = journal.load()
@@ -97,9 +106,10 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
     log.info("%d prompts: %d already in the journal %s, %d to generate with %s",
              len(prompts), resumed, folder, len(plan.pending), p.backend)
 
+    server_log = args.report.with_name(f"generate.{p.launch.engine}.log") if p.launch else None
     progress = Progress(len(plan.pending))
     try:
-        sent = dispatch(Work(plan, journal, entries, progress), p, info)
+        sent = dispatch(Work(plan, journal, entries, progress), p, info, args.target, server_log)
         entries = journal.refresh()  # with what another writer of a shared journal recorded meanwhile
     finally:
         progress.close()
@@ -111,6 +121,7 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
     records, n_failed = write_outputs(args.out, prompts, entries, generation, p)
     stage.details.update(summarize(prompts, entries, records))
     stage.headline.update(headline(stage.details))
-    stage.run.update(journal=str(folder), resumed=resumed, **progress.figures(), **sent)
+    stage.run.update(journal=str(folder), resumed=resumed, **progress.figures(), **sent,
+                     **({"server_log": str(server_log)} if server_log else {}))
     log.info("%d completions written to %s, %d failed (see failures.jsonl), %d truncated",
              len(records), args.out, n_failed, stage.headline["truncated"])
