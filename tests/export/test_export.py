@@ -40,12 +40,17 @@ def merge(root: Path, out: str, **params) -> dict:
     return execute("merge", run_merge, MergeParams.parse(default_params("merge", **params), "merge"), args).details
 
 
+GGUF = {"drafter": "f32", "target": "f32"}
+
+
 def export_args(root: Path, merged: Path, out: Path) -> ExportArgs:
-    return ExportArgs(merged=merged, out=out, metrics=root / "metrics/export.json", report=root / "reports/export.json")
+    # No gguf here: the drafter and target paths are passed as dvc.yaml passes them and never read.
+    return ExportArgs(merged=merged, checkpoint=root / "data/checkpoints", target=root / "data/target/target.json",
+                      out=out, metrics=root / "metrics/export.json", report=root / "reports/export.json")
 
 
 def export(root: Path, formats: list[str], merged: Path, out: Path) -> StageRun:
-    return execute("export", run_export, ExportParams.parse({"formats": formats}, "export"),
+    return execute("export", run_export, ExportParams.parse({"formats": formats, "gguf": GGUF}, "export"),
                    export_args(root, merged, out))
 
 
@@ -100,10 +105,10 @@ def test_export_off_writes_the_manifest_and_metrics_and_is_deterministic(world, 
 def test_a_missing_merged_set_is_refused_in_one_line(tmp_path, capsys):
     args = export_args(tmp_path, tmp_path / "merged", tmp_path / "export")
     with pytest.raises(MissingInput, match="run the merge stage first"):
-        execute("export", run_export, ExportParams.parse({"formats": ["hf"]}, "export"), args)
+        execute("export", run_export, ExportParams.parse({"formats": ["hf"], "gguf": GGUF}, "export"), args)
     argv = [f"--{k}={v}" for k, v in vars(args).items()]
     with pytest.raises(SystemExit) as exit_:
-        main("export", ExportArgs, lambda _args: ExportParams.parse({"formats": ["hf"]}, "export"), run_export, argv)
+        main("export", ExportArgs, lambda _args: ExportParams.parse({"formats": ["hf"], "gguf": GGUF}, "export"), run_export, argv)
     assert exit_.value.code == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -188,6 +193,6 @@ def test_a_foreign_set_without_lineage_needs_a_claim_and_a_wrong_one_is_refused(
 
 def test_export_params_are_checked():
     with pytest.raises(ParamsError, match="must be one of"):
-        ExportParams.parse({"formats": ["eagle"]}, "export")
+        ExportParams.parse({"formats": ["eagle"], "gguf": GGUF}, "export")
     with pytest.raises(ParamsError, match="twice"):
-        ExportParams.parse({"formats": ["hf", "hf"]}, "export")
+        ExportParams.parse({"formats": ["hf", "hf"], "gguf": GGUF}, "export")

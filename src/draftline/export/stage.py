@@ -1,4 +1,5 @@
-"""The ``export`` stage: the merged set -> ``<out>/<format>/`` for each of ``export.formats``.
+"""The ``export`` stage: the merged set -> ``<out>/<format>/`` for each of ``export.formats``; ``gguf``: the drafter
+(and a Hugging Face target) as llama.cpp serves them (:mod:`draftline.export.gguf`).
 
 Off by default (``formats: []``: the folder then holds its manifest alone). The whole output folder is written
 under a temporary name and renamed, so a half-written export is never taken for finished. The manifest
@@ -16,6 +17,7 @@ from draftline.core.files import atomic_path, write_json
 from draftline.core.logs import get_logger
 from draftline.core.runner import StageArgs, StageRun
 from draftline.export.formats import lineage, write_format
+from draftline.export.gguf import write_gguf
 from draftline.export.params import ExportParams
 
 log = get_logger(__name__)
@@ -23,10 +25,12 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class ExportArgs(StageArgs):
-    """``stages/export.py``'s paths (dvc.yaml passes them): the merge stage's folder, the export folder written and
-    the headline metrics."""
+    """``stages/export.py``'s paths (dvc.yaml passes them): the merge stage's folder, the drafter and the target
+    (``gguf``), the export folder written and the headline metrics."""
 
     merged: Path
+    checkpoint: Path
+    target: Path  # the target's target.json
     out: Path
     metrics: Path
 
@@ -41,10 +45,14 @@ def run_export(p: ExportParams, args: ExportArgs, stage: StageRun) -> None:
     with atomic_path(args.out) as tmp:
         tmp.mkdir(parents=True)
         for name in p.formats:
+            if name == "gguf":
+                manifest["gguf"] = write_gguf(args.checkpoint, args.target, p.gguf, tmp / name)
+                log.info("export: gguf written (drafter %s)", manifest["gguf"]["drafter"]["type"])
+                continue
             write_format(name, args.merged, meta, tmp / name)
             log.info("export: %s written (%d rows, %d tokens)", name, meta.num_rows, meta.num_tokens)
         write_json(Path(tmp) / fmt.EXPORT_FILE, manifest)
     if not p.formats:
         log.info("export: no format requested (export.formats is empty)")
     stage.details.update(manifest)
-    stage.headline.update(rows=meta.num_rows if p.formats else 0, formats=len(p.formats))
+    stage.headline.update(rows=meta.num_rows if set(p.formats) - {"gguf"} else 0, formats=len(p.formats))
