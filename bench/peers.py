@@ -14,7 +14,7 @@ Per target seed (``--seeds``, a stand-in for another CPU's float arithmetic), in
   with a global optimizer-step hook, the same for every trainer) and the training process's wall time (for the
   peers without the hidden states, made once before, reported apart; for draftline with its in-memory feature pass);
 - each drafter minus draftline's drafter of the same architecture, paired over the same requests: a seeded paired
-  bootstrap (``draftline.evaluate.intervals``, ``--resamples``, 95%) of the evaluate stage's per-step records,
+  bootstrap (``draftline.core.intervals``, ``--resamples``, 95%) of the evaluate stage's per-step records,
   overall and per source; with several seeds, also pooled over the seeds' requests.
 
 Invariants: every trainer reads the same rows (draftline's merged set, the peers draftline's own export of it), with
@@ -720,7 +720,7 @@ def evaluate(root: Path, checkpoint: Path, folder: Path, split: str) -> dict[str
     p = subprocess.run([sys.executable, *cmd[1:]], cwd=root, env=clone_env(root), capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"evaluate failed on {checkpoint}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
-    from draftline.evaluate.intervals import request_acceptance
+    from draftline.core.intervals import request_acceptance
 
     report = json.loads((folder / "reports_eval.json").read_text())
     with open(folder / "plots_eval_steps.jsonl", encoding="utf-8") as f:
@@ -740,10 +740,9 @@ def zlab_loop(root: Path, checkpoint: Path, split: str) -> dict[str, Any]:
     import dflash.model as zlab
 
     from draftline.core.records import read_prompts
+    from draftline.core.requests import heldout_requests, render_prompt, stop_token_ids, turn_seed
     from draftline.core.skips import Skips
     from draftline.core.target import load_model, load_target, load_tokenizer
-    from draftline.evaluate.decoder import render_prompt, stop_token_ids, turn_seed
-    from draftline.evaluate.requests import heldout_requests
 
     ev = yaml.safe_load((root / "params.yaml").read_text())["evaluate"]
     info = load_target(root / "data/target/target.json")
@@ -1024,7 +1023,7 @@ def comparisons(per_seed: list[dict[str, dict[str, Any]]], settings: list[str], 
 def paired(per_seed: list[dict[str, dict[str, Any]]], name: str, minus: str, settings: list[str], resamples: int,
            seed: int) -> dict[str, Any]:
     """``name`` minus ``minus`` per setting, overall and per source, pooled over the seeds' requests."""
-    from draftline.evaluate.intervals import compare
+    from draftline.core.intervals import compare
 
     out: dict[str, Any] = {}
     for setting in settings:

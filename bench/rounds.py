@@ -20,7 +20,7 @@ It prints, per seed, every arm's z-lab acceptance on the ``test`` split (never r
 sampled, overall and per source, with the evaluate stage's 95% interval; the target forwards saved in generation;
 new prompts picked that were already in the base; how much the merged set grew per new shard byte; whether the
 rollback restored round 1 byte for byte. Then, pooled over the seeds' requests, each arm minus ``cold`` on the same
-test requests (a seeded paired bootstrap, ``draftline.evaluate.intervals``), overall and on each seed's weakest
+test requests (a seeded paired bootstrap, ``draftline.core.intervals``), overall and on each seed's weakest
 source by round 1's ``dev`` figure (the source steering is for).
 
     nice -n 10 python bench/rounds.py --seeds 0 --out /tmp/rounds-seed0.json   # about 50 minutes a seed
@@ -88,7 +88,7 @@ def figures(root: Path) -> dict[str, Any]:
     """Per setting on the test split: acceptance with its interval, tau, per source, and every request's figure
     (for the pooled paired comparison); the dev split's per-source figures (what picks the weakest source); train
     steps and generation's drafter figures."""
-    from draftline.evaluate.intervals import request_acceptance
+    from draftline.core.intervals import request_acceptance
 
     report = json.loads((root / "reports/eval.json").read_text())["splits"]
     with open(root / "plots/eval_steps.jsonl", encoding="utf-8") as f:
@@ -227,7 +227,7 @@ def requests(result: dict[str, Any], arm: str, setting: str, only_weakest: bool)
 def pooled(results: list[dict[str, Any]], baseline: str = "cold", resamples: int = 10_000) -> str:
     """Each arm minus ``baseline``, paired over the same test requests of every seed, overall and on each seed's
     weakest source (round 1's dev figure), greedy and sampled."""
-    from draftline.evaluate.intervals import compare
+    from draftline.core.intervals import compare
 
     arms = [a for a in results[0]["runs"] if a not in ("round 1", baseline) and all(a in r["runs"] for r in results)]
     header = [f"arm minus {baseline}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import draftline.evaluate.decoder as evaluate_decoder
+import draftline.core.requests as core_requests
 import draftline.generate.local as generate_local
 import draftline.prompts.costs as prompt_costs
 import draftline.target.embedded.build as embedded_build
@@ -15,7 +15,7 @@ from draftline.core import chat
 
 def test_generation_tokenize_and_every_other_stage_render_with_the_same_function():
     assert generate_local.render is loss_mask.render is chat.render
-    for module in (prompt_costs, embedded_build, embedded_tokenizer, evaluate_decoder):
+    for module in (prompt_costs, embedded_build, embedded_tokenizer, core_requests):
         assert module.render is chat.render, module.__name__
 
 

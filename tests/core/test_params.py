@@ -21,6 +21,7 @@ from draftline.export.params import ExportParams
 from draftline.generate.params import GenerateParams
 from draftline.merge.params import MergeParams
 from draftline.prompts.params import BlendParams, DedupParams, PromptsParams
+from draftline.serve.params import ServeParams
 from draftline.target.params import TargetParams
 from draftline.tokenize.params import TokenizeParams
 from draftline.train.params import TrainParams
@@ -29,10 +30,11 @@ PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
 SECTIONS: dict[str, type[Params]] = {
     "conversations": ConversationsParams, "target": TargetParams, "prompts": PromptsParams, "dedup": DedupParams,
     "blend": BlendParams, "generate": GenerateParams, "tokenize": TokenizeParams, "merge": MergeParams,
-    "export": ExportParams, "train": TrainParams, "evaluate": EvalParams,
+    "export": ExportParams, "train": TrainParams, "evaluate": EvalParams, "serve": ServeParams,
 }
 # Nested mappings of keys, each checked like a section (a path into params.yaml).
-NESTED = [("target", "embedded"), ("dedup", "near"), ("generate", "local"), ("blend", "sources", "agent")]
+NESTED = [("target", "embedded"), ("dedup", "near"), ("generate", "local"), ("blend", "sources", "agent"),
+          ("export", "gguf")]
 
 
 def test_every_section_of_params_yaml_is_known_and_parses():

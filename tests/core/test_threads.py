@@ -67,3 +67,18 @@ def test_idle_cores_sees_the_cores_other_processes_take() -> None:
         for s in spinners:
             s.kill()
             s.wait()
+
+
+def test_a_program_with_its_own_pool_gets_the_users_settings_not_draftlines() -> None:
+    """llama-server sizes its own OpenMP pool: it gets back what the user set and never draftline's one-core
+    choices, in a child process too (the record of what draftline set is inherited with the variables)."""
+    from draftline.core.threads import SET_HERE, one_core_environment, own_pool_environment
+
+    env = {"OMP_NUM_THREADS": "4", "PATH": "/bin"}  # the user's thread count, no wait policy
+    one_core_environment(env)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["OMP_NUM_THREADS"] == "4" and env["RAYON_NUM_THREADS"] == "1"
+    child = dict(env)
+    one_core_environment(child)  # a child process importing draftline again changes nothing
+    assert child == env
+    assert own_pool_environment(child) == {"OMP_NUM_THREADS": "4", "PATH": "/bin"}
+    assert SET_HERE not in own_pool_environment(env)

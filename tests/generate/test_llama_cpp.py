@@ -35,7 +35,7 @@ def params(**kw) -> dict:
               # flip a near-tie of the logits), since the replies are compared with transformers' own
               "port": free_port(), "extra_args": ["--flash-attn", "off", "-ctk", "f32", "-ctv", "f32", "-ctkd", "f32",
                                                   "-ctvd", "f32"], "health_timeout_s": 120,
-              "llama_cpp": {"threads": 1, "slots": 2, "context": 1024, "gguf_type": "f32"}}
+              "llama_cpp": {"servers": 2, "threads": 1, "slots": 1, "context": 1024, "gguf_type": "f32"}}
     return {"backend": "sglang", "endpoints": [], "launch": launch, "concurrency": 2, "max_tokens": 12,
             "temperature": 0.0, "max_truncated_share": 1.0, "keep_truncated": True, "shard_size": 3, **kw}
 

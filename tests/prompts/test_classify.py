@@ -32,10 +32,10 @@ from conftest import SHARED
 
 from draftline.conversations.params import ConversationsParams
 from draftline.core.classify import DOMAINS, classify_messages, classify_rendered, domain_of, language_of
+from draftline.core.intervals import Interval, bootstrap, first
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.records import CONVERSATIONS_FILE, Conversation
 from draftline.core.source_spec import SourceSpec
-from draftline.evaluate.intervals import Interval, bootstrap, first
 from draftline.prompts.canonical import cut_prompt
 
 HERE = Path(__file__).parent

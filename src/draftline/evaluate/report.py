@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from draftline.core.intervals import bootstrap, first, ratio
+from draftline.core.requests import HELDOUT, tokens_digest
 from draftline.core.splits import DEV, SPLITS, TEST, split_of
 from draftline.drafter.decoding import Generation, SelectorStep
-from draftline.evaluate.intervals import bootstrap, first, ratio
-from draftline.evaluate.params import HELDOUT, IntervalParams
+from draftline.evaluate.params import IntervalParams
 
 ACCEPTANCE_COLUMNS = ["position", "steps", "accepted", "accept_rate", "conditional_rate"]
 HISTOGRAM_COLUMNS = ["length", "steps", "share"]
@@ -251,7 +252,10 @@ def interval_rows(splits: dict[str, dict], setting: str) -> list[dict[str, Any]]
 
 
 def step_record(r: TurnResult) -> dict[str, Any]:
-    """One line of the per-step file: a turn's drafted, accepted and produced counts per verification step."""
+    """One line of the per-step file: a turn's drafted, accepted and produced counts per verification step, and a
+    digest of its output ids (:func:`tokens_digest`: a server's output compared with evaluate's: the serve stage)."""
     return {"setting": r.setting, "split": r.split, "set": r.set, "source": r.source, "id": r.id, "turn": r.turn,
             "prompt_tokens": r.prompt_tokens, "drafted": r.speculative.drafted, "accepted": r.speculative.accepted,
-            "produced": r.speculative.produced, "stop_reason": r.speculative.stop_reason}
+            "produced": r.speculative.produced, "stop_reason": r.speculative.stop_reason,
+            "tokens_xxh64": tokens_digest(r.speculative.tokens)}
+

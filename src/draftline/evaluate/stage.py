@@ -29,10 +29,12 @@ from typing import Any
 import xxhash
 from tqdm import tqdm
 
-from draftline.core.errors import MissingInput, Refusal
+from draftline.core import requests as core_requests
+from draftline.core.errors import Refusal
 from draftline.core.files import atomic_path, write_csv, write_jsonl
 from draftline.core.logs import get_logger
-from draftline.core.records import TargetInfo, read_conversations, read_prompts
+from draftline.core.records import TargetInfo
+from draftline.core.requests import Request
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.splits import TEST
@@ -55,7 +57,6 @@ from draftline.evaluate.report import (
     step_record,
     summarize,
 )
-from draftline.evaluate.requests import Request, heldout_requests, set_requests
 
 log = get_logger(__name__)
 
@@ -82,15 +83,7 @@ class NotLossless(Refusal, RuntimeError):
 
 def load_requests(p: EvalParams, args: EvalArgs, skips: Skips) -> list[Request]:
     """The held-out prompts (capped per source), then every set's requests, in evaluate.sets order."""
-    if not args.prompts.is_file():
-        raise MissingInput(f"{args.prompts} does not exist: run the prompts stage first (dvc repro prompts)")
-    requests = heldout_requests(read_prompts(args.prompts, skips), p.max_prompts_per_source)
-    for name in p.sets:
-        path = args.sets / name / "conversations.jsonl"
-        if not path.is_file():
-            raise MissingInput(f"{path} does not exist: run its stages first (dvc repro set_conversations@{name})")
-        requests += set_requests(name, read_conversations(path, skips), skips)
-    return requests
+    return core_requests.load_requests(args.prompts, args.sets, p.sets, p.max_prompts_per_source, skips)
 
 
 def decode(decoder: Decoder, p: EvalParams, requests: list[Request], skips: Skips) -> dict[str, list[TurnResult]]:

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from draftline.core.errors import Refusal
+from draftline.core.llama_cpp import spec_stats as llama_cpp_spec_stats
 from draftline.core.params import ParamsError
 from draftline.generate.params import GenerateParams
 
@@ -105,17 +106,6 @@ def _spec_stats(meta: dict[str, Any] | None, completion_tokens: int) -> dict[str
     if not isinstance(steps, int) or steps < 1 or completion_tokens < 1:
         return None
     return {"steps": steps, "tokens": completion_tokens - 1}
-
-
-def llama_cpp_spec_stats(timings: dict[str, Any] | None) -> dict[str, int] | None:
-    """llama.cpp's per-request counts (``timings``, in every final reply of a server with a drafter):
-    ``predicted_n`` tokens, the first from the prefill; every later target step gives the drafts it accepted
-    (``draft_n_accepted`` in all) plus one, so the steps are the tokens after the first less the accepted drafts."""
-    timings = timings or {}
-    predicted, accepted = timings.get("predicted_n"), timings.get("draft_n_accepted")
-    if not isinstance(predicted, int) or not isinstance(accepted, int) or predicted < 2:
-        return None
-    return {"steps": predicted - 1 - accepted, "tokens": predicted - 1}
 
 
 @dataclass(frozen=True)

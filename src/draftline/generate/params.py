@@ -1,7 +1,8 @@
 """``params.yaml: generate``: the backend, the sampling (part of the journal key) and how requests are sent.
 
-Every Params dataclass of the stage lives here (:class:`GenerateParams`, :class:`LocalParams`,
-:class:`LaunchParams`); :func:`load` is what ``stages/generate.py`` reads. No field has a default: params.yaml
+Every Params dataclass of the stage lives here (:class:`GenerateParams`, :class:`LocalParams`; ``launch`` is
+:class:`~draftline.core.launch.LaunchParams`, shared with the serve stage); :func:`load` is what
+``stages/generate.py`` reads. No field has a default: params.yaml
 holds them all."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from draftline.core.params import Params, ParamsError, optional
+from draftline.core.launch import LaunchParams
+from draftline.core.params import Params, ParamsError
 from draftline.core.threads import idle_cores
 
 # The sampling params: with the target, thinking mode, backend (and the local backend's settings) they decide a
@@ -42,41 +44,6 @@ class LocalParams(Params):
 
         on_gpu = self.device != "cpu" and (self.device != "auto" or torch.cuda.is_available())
         return 1 if on_gpu else idle_cores()
-
-
-@dataclass(frozen=True)
-class LlamaCppParams(Params):
-    """``generate.launch.llama_cpp``: how llama-server runs (engine ``llama.cpp``)."""
-
-    threads: int  # --threads
-    slots: int  # --parallel: requests decoded together (set generate.concurrency to at least this)
-    context: int  # tokens per slot (prompt + reply); --ctx-size is slots x context
-    # The type a Hugging Face target is converted to for serving (a GGUF target is served from its own file).
-    gguf_type: Literal["f32", "f16", "bf16", "q8_0"]
-
-    def validate(self, where: str) -> None:
-        if self.threads < 1 or self.slots < 1 or self.context < 16:
-            raise ParamsError(f"params.yaml: {where}: threads and slots must be >= 1, context >= 16")
-
-
-@dataclass(frozen=True)
-class LaunchParams(Params):
-    """``generate.launch``: the server (SGLang, vLLM or llama.cpp) the stage starts and stops itself."""
-
-    engine: Literal["sglang", "vllm", "llama.cpp"]
-    gpus: str | int | list[int] | None
-    dp_size: int
-    tp_size: int
-    host: str
-    port: int
-    extra_args: list[str]
-    health_timeout_s: float
-    llama_cpp: LlamaCppParams | None = optional()
-
-    def validate(self, where: str) -> None:
-        if self.engine == "llama.cpp" and self.llama_cpp is None:
-            raise ParamsError(f"params.yaml: {where}.engine is llama.cpp but {where}.llama_cpp is missing; add e.g. "
-                              "llama_cpp: {threads: 1, slots: 1, context: 4096, gguf_type: f32}")
 
 
 @dataclass(frozen=True)

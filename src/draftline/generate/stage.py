@@ -14,11 +14,13 @@ the run's figures (:mod:`~draftline.generate.progress`), which the stage runner 
 from __future__ import annotations
 
 import asyncio
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from draftline.core.gguf import served_drafter, served_target
+from draftline.core.launch import Draft, Server, launch_env, launches, server_command
 from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo, read_prompts
 from draftline.core.runner import StageArgs, StageRun
@@ -30,7 +32,6 @@ from draftline.generate.batches import generate_local
 from draftline.generate.dataset import answerable, generate_dataset
 from draftline.generate.journal import OK, Journal, start_at
 from draftline.generate.key import journal_decides
-from draftline.generate.launcher import Draft, Server, launch_env, server_command
 from draftline.generate.order import dispatch_order, prefix_group
 from draftline.generate.params import GenerateParams
 from draftline.generate.progress import Progress
@@ -66,15 +67,18 @@ def dispatch(work: Work, s: GenerateParams, info: TargetInfo, target_json: Path,
     if s.launch is None:
         return asyncio.run(generate_remote(work, s, s.endpoints, model))
     cfg = s.launch
-    url = f"http://{cfg.host}:{cfg.port}"
     served, draft = info.path, Draft.of(s.draft_model) if s.draft_model else None
     if cfg.engine == "llama.cpp":
         served = str(served_target(target_json, cfg.llama_cpp.gguf_type))
         if draft is not None:
             draft = Draft(str(served_drafter(s.draft_model, info, cfg.llama_cpp.gguf_type)), draft.block_size)
-    with Server(server_command(served, cfg, s.enable_thinking, draft, alias=model), url, server_log,
-                health_timeout_s=cfg.health_timeout_s, env=launch_env(cfg)):
-        return asyncio.run(generate_remote(work, s, [url], model))
+    urls = []
+    with ExitStack() as servers:
+        for one in launches(cfg):
+            urls.append(f"http://{one.host}:{one.port}")
+            servers.enter_context(Server(server_command(served, one, s.enable_thinking, draft, alias=model), urls[-1],
+                                         server_log, health_timeout_s=cfg.health_timeout_s, env=launch_env(cfg)))
+        return asyncio.run(generate_remote(work, s, urls, model))
 
 
 def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None:

@@ -4,6 +4,7 @@ health wait / stop cycle on a real process."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -11,15 +12,14 @@ from pathlib import Path
 import pytest
 
 from draftline.core.errors import Refusal
-from draftline.generate.launcher import Draft, Server, ServerFailed, launch_env, server_command
-from draftline.generate.params import LaunchParams
+from draftline.core.launch import Draft, LaunchParams, Server, ServerFailed, launch_env, launches, server_command
 
 # params.yaml's commented launch example: generate.launch takes every key once it is set.
 LAUNCH = {"engine": "sglang", "gpus": None, "dp_size": 1, "tp_size": 1, "host": "127.0.0.1", "port": 30000, "extra_args": [],
           "health_timeout_s": 1800}
 
 
-LLAMA_CPP = {"threads": 1, "slots": 2, "context": 2048, "gguf_type": "f32"}
+LLAMA_CPP = {"servers": 1, "threads": 1, "slots": 2, "context": 2048, "gguf_type": "f32"}
 
 
 def launch(**kw) -> LaunchParams:
@@ -80,8 +80,16 @@ def test_a_drafter_makes_each_engine_speculate_in_its_own_block_convention(draft
 def test_llama_cpp_needs_its_section():
     with pytest.raises(Refusal, match="llama_cpp is missing"):
         launch(engine="llama.cpp")
-    with pytest.raises(Refusal, match="slots must be >= 1"):
+    with pytest.raises(Refusal, match="threads and slots >= 1"):
         launch(engine="llama.cpp", llama_cpp={**LLAMA_CPP, "slots": 0})
+
+
+def test_llama_cpp_runs_a_server_per_port_and_sglang_one():
+    three = launches(launch(engine="llama.cpp", port=31000, llama_cpp={**LLAMA_CPP, "servers": 3}))
+    assert [one.port for one in three] == [31000, 31001, 31002]
+    auto = launches(launch(engine="llama.cpp", llama_cpp={**LLAMA_CPP, "servers": "auto"}))
+    assert 1 <= len(auto) <= (os.cpu_count() or 1)
+    assert [one.port for one in launches(launch(dp_size=8))] == [30000]  # SGLang's ranks share one port
 
 
 def free_port() -> int:

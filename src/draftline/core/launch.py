@@ -1,4 +1,4 @@
-"""Starting and stopping an SGLang, vLLM or llama.cpp server for the stage (``generate.launch``).
+"""Starting and stopping an SGLang, vLLM or llama.cpp server: ``generate.launch`` (and the serve stage's servers).
 
 The stage starts ``python -m sglang.launch_server``, ``vllm serve`` or the pinned ``llama-server``
 (:mod:`draftline.core.llama_cpp`) itself when asked to, waits until ``/health`` answers, and stops the whole process
@@ -23,14 +23,60 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
-from draftline.generate.params import LaunchParams
+from draftline.core.params import Params, ParamsError, optional
+from draftline.core.threads import idle_cores, own_pool_environment
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class LlamaCppParams(Params):
+    """``generate.launch.llama_cpp``: how llama-server runs (engine ``llama.cpp``)."""
+
+    # llama-server processes, each on its own port (port, port + 1, ...) with ``threads`` threads; auto: one per
+    # core idle when the stage starts, as generate.local.workers (processes share no barrier, so a busy neighbour
+    # slows one, where it stalls a pool of threads: core/threads.py)
+    servers: int | Literal["auto"]
+    threads: int  # --threads of each server
+    slots: int  # --parallel: requests each server decodes together (set generate.concurrency to at least this)
+    context: int  # tokens per slot (prompt + reply); --ctx-size is slots x context
+    # The type a Hugging Face target is converted to for serving (a GGUF target is served from its own file).
+    gguf_type: Literal["f32", "f16", "bf16", "q8_0"]
+
+    def validate(self, where: str) -> None:
+        if (self.servers != "auto" and self.servers < 1) or self.threads < 1 or self.slots < 1 or self.context < 16:
+            raise ParamsError(f"params.yaml: {where}: servers must be >= 1 or auto, threads and slots >= 1, "
+                              "context >= 16")
+
+    def num_servers(self) -> int:
+        return max(1, idle_cores() // self.threads) if self.servers == "auto" else self.servers
+
+
+@dataclass(frozen=True)
+class LaunchParams(Params):
+    """``generate.launch``: the server (SGLang, vLLM or llama.cpp) the stage starts and stops itself."""
+
+    engine: Literal["sglang", "vllm", "llama.cpp"]
+    gpus: str | int | list[int] | None
+    dp_size: int
+    tp_size: int
+    host: str
+    port: int
+    extra_args: list[str]
+    health_timeout_s: float
+    llama_cpp: LlamaCppParams | None = optional()
+
+    def validate(self, where: str) -> None:
+        if self.engine == "llama.cpp" and self.llama_cpp is None:
+            raise ParamsError(f"params.yaml: {where}.engine is llama.cpp but {where}.llama_cpp is missing; add e.g. "
+                              "llama_cpp: {servers: auto, threads: 1, slots: 1, context: 4096, gguf_type: f32}")
+
 
 def draft_block_size(draft_model: str | os.PathLike) -> int:
     """The drafter's block size, from its ``config.json`` (draftline's and z-lab's layouts both keep it there)."""
@@ -124,12 +170,20 @@ def llama_cpp_command(gguf: str, launch: LaunchParams, draft: Draft | None, alia
 
 
 def launch_env(launch: LaunchParams) -> dict[str, str]:
-    """The server's environment: ``gpus`` (e.g. ``"0,1"`` or ``[0, 3]``) as CUDA_VISIBLE_DEVICES, if set."""
-    env = dict(os.environ)
+    """The server's environment: ``gpus`` (e.g. ``"0,1"`` or ``[0, 3]``) as CUDA_VISIBLE_DEVICES, if set; for
+    llama.cpp, which sizes its own thread pool, without draftline's one-core settings (core/threads.py)."""
+    env = own_pool_environment() if launch.engine == "llama.cpp" else dict(os.environ)
     gpus = launch.gpus
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus) if isinstance(gpus, list) else str(gpus)
     return env
+
+
+def launches(launch: LaunchParams) -> list[LaunchParams]:
+    """The servers ``launch`` asks for, one per port: llama.cpp's ``servers`` (port, port + 1, ...); else one (SGLang
+    and vLLM run their data-parallel ranks behind one port)."""
+    n = launch.llama_cpp.num_servers() if launch.engine == "llama.cpp" else 1
+    return [replace(launch, port=launch.port + i) for i in range(n)]
 
 
 class ServerFailed(Refusal, RuntimeError):

@@ -1,4 +1,4 @@
-"""The paired bootstrap of ``draftline.evaluate.intervals``: degenerate where the two drafters agree, exact for a
+"""The paired bootstrap of ``draftline.core.intervals``: degenerate where the two drafters agree, exact for a
 constant shift, excluding 0 only for a real difference, of the normal width for many requests, and the same bytes
 for the same seed; per-request acceptance read from the evaluate stage's per-step records as z-lab computes it."""
 
@@ -10,7 +10,7 @@ from statistics import mean
 import numpy as np
 import pytest
 
-from draftline.evaluate.intervals import bootstrap, compare, first, paired, paired_bootstrap, ratio, request_acceptance
+from draftline.core.intervals import bootstrap, compare, first, paired, paired_bootstrap, ratio, request_acceptance
 
 
 def acceptances(n: int, seed: int) -> np.ndarray:
