@@ -27,6 +27,10 @@ SHRINK = {
     # The 150-step target ends ~2.5% of its replies at once (one supervised token): counted skips, accepted here.
     "tokenize": {"max_skip_share": 0.05},
     "train": {"max_steps": 40, "save_every": 20},
+    # The drafter and the target as llama.cpp serves them, served computing as evaluate does: every turn's ids and
+    # steps compared with evaluate's (tests/test_pipeline.py).
+    "export": {"formats": ["gguf"]},
+    "serve": {"engine": "llama.cpp", "exact": True, "arms": ["target", "drafter"], "sampled": False, "slots": 2},
     "evaluate": {"max_prompts_per_source": 1, "max_new_tokens": 24,
                  # gsm8k's first 4 rows hash to dev (core/splits.py): 5 give test one, as mt_bench's 2 do
                  "sets": {"gsm8k": {"max_rows": 5}, "mt_bench": {"max_rows": 2}}},

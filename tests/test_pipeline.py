@@ -7,7 +7,10 @@ target, fewer prompts and training steps) so that the module stays within a few 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from project_clone import SHRINK, digest, make_project, ran, run
 
 pytestmark = pytest.mark.slow
 
-ALL_STAGES = {"target", "prompts", "generate", "tokenize", "merge", "export", "train", "evaluate"}
+ALL_STAGES = {"target", "prompts", "generate", "tokenize", "merge", "export", "train", "evaluate", "serve"}
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +60,57 @@ def test_repro_builds_every_output(project):
     assert (root / "reports" / "train.run.json").is_file()
 
 
+def test_llama_cpp_serves_the_exported_drafter_as_evaluate_decodes_it(project):
+    """The serve stage ran the real llama-server (built, or found in its cache) on the export stage's drafter.gguf
+    beside its target.gguf, computing in float32 as evaluate does (``serve.exact``): on the test split, every greedy
+    turn took the output ids and the verification steps evaluate's own loop took, and equals the target's output
+    alone; the headline gives the speed-up with its interval and the served acceptance."""
+    root, _ = project
+    manifest = json.loads((root / "data/export/gguf/export.json").read_text())
+    target = json.loads((root / "data/target/target.json").read_text())
+    assert manifest["drafter"]["lineage"]["tokenizer_fingerprint"] == target["tokenizer_fingerprint"]
+    report = json.loads((root / "reports/serve.json").read_text())
+    assert report["served"]["drafter"] == "drafter.gguf" and report["served"]["target"] == "target.gguf"
+    drafter = report["arms"]["drafter"]
+    assert drafter["evaluate"]["turns"] >= 5, drafter
+    assert drafter["evaluate"]["same_tokens"] == drafter["evaluate"]["same_steps"] == drafter["evaluate"]["turns"]
+    assert drafter["evaluate"]["acceptance_engine"] == drafter["evaluate"]["acceptance_evaluate"]
+    assert drafter["lossless"] == 1.0
+    headline = json.loads((root / "metrics/serve.json").read_text())
+    assert headline["served_acceptance"] == drafter["greedy"]["acceptance"][0] > 1
+    low, high = drafter["speed_up"][1:]
+    assert low <= headline["speed_up"] <= high
+
+
+def test_llama_cpp_tokenizes_rendered_prompts_as_transformers_does(project, llama_server):
+    """The embedded target's GGUF, whose pre-tokenizer the converter named from the tokenizer's own declaration
+    (core/gguf.py): llama.cpp's tokens of every rendered train prompt (tools, system prompts, every source) are
+    transformers' tokens."""
+    from draftline.core.chat import render
+    from draftline.core.launch import Server
+    from draftline.core.records import read_prompts
+    from draftline.core.skips import Skips
+    from draftline.core.target import load_target, load_tokenizer
+
+    root, _ = project
+    tok = load_tokenizer(load_target(root / "data/target/target.json"))
+    prompts = read_prompts(root / "data/prompts/train.jsonl", Skips(logging.getLogger("test")))
+    texts = [render(tok, p.messages, p.tools, enable_thinking=False, generation_prompt=True) for p in prompts]
+    port = 30000 + os.getpid() % 20000
+    argv = [str(llama_server), "--model", str(root / "data/export/gguf/target.gguf"), "--port", str(port),
+            "--threads", "1", "--no-webui"]
+    with Server(argv, f"http://127.0.0.1:{port}", root / "tokenize.log", health_timeout_s=120):
+        same = [tok(t, add_special_tokens=False)["input_ids"] == llama_tokens(port, t) for t in texts]
+    assert len(same) >= 100 and all(same), f"{same.count(False)} of {len(same)} differ"
+
+
+def llama_tokens(port: int, text: str) -> list[int]:
+    body = json.dumps({"content": text, "add_special": False, "parse_special": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)["tokens"]
+
+
 def flat(d: dict, prefix: str = "") -> list[str]:
     """The column names `dvc metrics show` makes of nested keys (``greedy.acceptance.gsm8k``)."""
     return [k for key, v in d.items() for k in (flat(v, f"{prefix}{key}.") if isinstance(v, dict) else [prefix + key])]
@@ -69,9 +123,11 @@ def test_metrics_show_is_a_few_headline_columns(project):
     files = next(iter(shown.values()))["data"]
     keys = {key for f in files.values() for key in flat(f["data"])}
     assert {"rows", "tokens", "skipped", "greedy.tau", "sampled.acceptance.gsm8k", "lossless"} <= keys, sorted(keys)
-    assert len(keys) <= 38, sorted(keys)  # 37: the held-out acceptance's interval added 4, dev's figure 2
-    assert sorted(files) == sorted(f"metrics/{s}.json" for s in
-                                   ("target", "prompts", "generate", "tokenize", "merge", "export", "train", "eval"))
+    # 37: the held-out acceptance's interval added 4, dev's figure 2; the serve stage 5 (speed_up, decode_speed_up,
+    # tokens_per_s, served_acceptance, served_acceptance_sampled: a null one is still a column)
+    assert len(keys) <= 43, sorted(keys)
+    assert sorted(files) == sorted(f"metrics/{s}.json" for s in ("target", "prompts", "generate", "tokenize", "merge",
+                                                                  "export", "train", "eval", "serve"))
 
 
 def test_second_repro_runs_nothing(project):
@@ -103,8 +159,10 @@ def test_code_deps_cover_what_each_stage_runs(project):
     # evaluate's own package marks evaluate alone: the drafter is never retrained for it.
     assert _changed_after_editing(root, env, "src/draftline/evaluate/report.py") == {"evaluate"}
     # The drafter package marks the stages that load a drafter: train, evaluate and generate (its speculative loop
-    # with generate.draft_model; a rerun finds every prompt in the journal and sends nothing).
-    assert _changed_after_editing(root, env, "src/draftline/drafter/model.py") == {"generate", "train", "evaluate"}
+    # with generate.draft_model; a rerun finds every prompt in the journal and sends nothing)
+    # (export and serve too: they check a drafter's fit to the target before converting or serving it).
+    assert _changed_after_editing(root, env, "src/draftline/drafter/model.py") == {"generate", "export", "train",
+                                                                                   "evaluate", "serve"}
     assert "Data and pipelines are up to date." in run(["dvc", "status"], root, env)
 
 
