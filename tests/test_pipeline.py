@@ -200,7 +200,8 @@ def test_compare_finds_a_weakened_drafter_worse(project):
     root, env = project
     for name, steps in (("weak", 1), ("strong", 300)):
         log = run(["dvc", "exp", "run", "-n", name, "-S", f"train.max_steps={steps}"], root, env)
-        assert ran(log) == {"train", "evaluate"}
+        # export and serve too: this project exports the drafter as GGUF and serves it.
+        assert ran(log) == {"train", "evaluate", "export", "serve"}
     got = json.loads(run(["draftline", "compare", "weak", "strong", "--json"], root, env))
     for setting in ("greedy", "sampled"):
         overall = got[setting]["overall"]
@@ -219,7 +220,7 @@ def test_rollback_restores_the_previous_dataset_and_remote_restores_a_lost_cache
     params["merge"]["seed"] = 1
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     log = run(["dvc", "repro"], root, env)
-    assert ran(log) == {"merge", "export", "train", "evaluate"}
+    assert ran(log) == {"merge", "export", "train", "evaluate", "serve"}
     assert digest(root / "data/merged") != first
     run(["git", "commit", "-qam", "second data version"], root, env)
     second = digest(root / "data/merged")

@@ -88,19 +88,21 @@ def test_two_processes_share_one_journal(tmp_path, cache):
     reference = shard_bytes(tmp_path / "ref")
 
     shared = tmp_path / "shared-cache"
-    with FakeSGLang(delay_s=0.15) as srv:
+    # The server answers slowly until the second node holds its writer slot, however long its start takes on a
+    # busy machine, so that the two overlap; then at a pace where both share the rest.
+    with FakeSGLang(delay_s=1.0) as srv:
         p = sglang_params(srv.url, concurrency=2, shard_size=8)
         procs = []
-        for name in ("node-a", "node-b"):
+        for name, joined in (("node-a", "journal.jsonl"), ("node-b", "writer-1.lock")):
             root = make_project(tmp_path / name, prompts, p)
             env = {**os.environ, "DRAFTLINE_CACHE": str(shared), "DRAFTLINE_PARAMS": str(root / "params.yaml"),
                    "PYTHONPATH": str(REPO / "src")}
             procs.append(subprocess.Popen([sys.executable, *stage_argv(root)], cwd=root, env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-            if not procs[1:]:  # the second node starts once the first is under way
-                deadline = time.monotonic() + 60
-                while not list(shared.glob("generate/*/journal.jsonl")) and time.monotonic() < deadline:
-                    time.sleep(0.02)
+            deadline = time.monotonic() + 60
+            while not list(shared.glob(f"generate/*/{joined}")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        srv.delay_s = 0.15
         logs = [proc.communicate(timeout=120)[1] for proc in procs]
         assert [proc.returncode for proc in procs] == [0, 0], logs
         requests = len(srv.requests)

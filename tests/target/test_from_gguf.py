@@ -179,9 +179,10 @@ def test_the_stage_converts_a_gguf_into_model_and_records_it(converted, tmp_path
     execute("target", run_target, params, args)
     assert files(tmp_path / "target" / "model") == files(model_dir)
     data = json.loads((tmp_path / "target" / "target.json").read_text())
-    assert data["gguf"] == record.to_dict() and data["path"] == "model" and not data["embedded"]
+    # The record names the file llama.cpp serves where it lies (an absolute target.path is kept as given).
+    assert data["gguf"] == {**record.to_dict(), "path": str(file)} and data["path"] == "model" and not data["embedded"]
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["gguf"] == record.to_dict() and report["num_hidden_layers"] == LAYERS
+    assert report["gguf"] == data["gguf"] and report["num_hidden_layers"] == LAYERS
     info = load_target(tmp_path / "target" / "target.json")
     assert (info.num_hidden_layers, info.hidden_size, info.end_of_turn_token) == (LAYERS, HIDDEN, "<|im_end|>")
     tok = load_tokenizer(info)
