@@ -30,6 +30,8 @@ def test_steps_count_every_target_step_as_evaluate_does():
     assert exact_steps({"predicted_n": 11, "draft_n_accepted": 6}, 3) == 4
     # the reply ended on an accepted draft (its end-of-turn): no token after it, nothing left over.
     assert exact_steps({"predicted_n": 9, "draft_n_accepted": 6}, 3) == 3
+    # nothing was ever drafted (an n-gram mode without a match): every token after the first is a step of its own.
+    assert exact_steps({"predicted_n": 9}, 0) == 8
 
 
 def test_prometheus_counters_of_llama_cpp_and_vllm():

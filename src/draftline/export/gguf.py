@@ -4,7 +4,7 @@
 folder beside it (:mod:`draftline.core.gguf`); ``target.gguf`` the target's folder, written only where the target is
 not already a GGUF file (a GGUF target is served from its own file, which the manifest names with its sha256).
 Serve them as ``llama-server -m target.gguf --model-draft drafter.gguf --spec-type draft-dflash
---spec-draft-n-max <block_size - 1>`` (bench/serve.py does).
+--spec-draft-n-max <block_size - 1>`` (the serve stage does).
 
 Invariants: a drafter whose training data was made with another tokenizer than the target's is refused before
 anything is converted; ``export.json`` records what each file was made from (the drafter's lineage and weights'

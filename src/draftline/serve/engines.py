@@ -58,7 +58,7 @@ class Engine:
                 raise EngineFailed(f"{self.name} answered {r.status}: {(await r.text())[:300]}")
             raw = await r.json()
         reply = self.parse(raw)
-        if before is not None and reply.steps is not None:
+        if before is not None:
             reply.steps = exact_steps(raw["timings"], int(await self.verifications() - before))
         return reply
 
@@ -91,8 +91,9 @@ def exact_steps(timings: dict[str, Any], verifications: int) -> int:
     """Every target step after the prefill, as evaluate counts them: llama.cpp's verification steps, plus its plain
     decodes, which it does not count: one token each, left over once the verified tokens (each step's accepted drafts
     and one more) are taken out. There is one where a reply reaches ``n_predict`` with a single token left to draft
-    for; a reply that ends on an accepted draft (its end-of-turn) has no token after it, and none left over."""
-    left = timings["predicted_n"] - 1 - timings["draft_n_accepted"] - verifications
+    for, and every step of a reply nothing was drafted for (an n-gram mode that found no match); a reply that ends on
+    an accepted draft (its end-of-turn) has no token after it, and none left over."""
+    left = timings["predicted_n"] - 1 - timings.get("draft_n_accepted", 0) - verifications
     return verifications + max(0, left)
 
 

@@ -2,8 +2,8 @@
 
 An arm is a server started with ``generate.launch``'s own command line (:func:`draftline.core.launch.server_command`:
 the DFlash flags and block convention the generate stage uses): ``target`` (no speculation), ``drafter``, or a
-training-free mode of llama.cpp (``--spec-type ngram-*``). Each arm serves three runs: greedy with one request in
-flight (the speed, the steps, the turn-by-turn comparison), greedy with ``slots`` in flight, and at evaluate's
+training-free mode of llama.cpp (``--spec-type ngram-*``). Each arm serves greedy with one request in flight (the
+speed, the steps, the turn-by-turn comparison) and greedy with ``slots`` in flight; the drafter also at evaluate's
 sampled setting with one in flight. A turn's prompt is evaluate's render of its messages (ids); a later turn of a
 multi-turn request follows the engine's own reply, as evaluate's follows the target's; every turn has evaluate's
 seed (:func:`draftline.core.requests.turn_seed`).
@@ -87,26 +87,29 @@ async def run(engine: Engine, requests: list[Request], how: Decoding, sampling: 
 
 
 def arm_server(p: ServeParams, arm: str, served: str, draft: Draft, model: str, log: Path) -> Server:
-    """The arm's server: generate.launch's command line and environment, the arm's training-free mode, and
-    (``exact``, llama.cpp) float32 caches without flash attention."""
+    """The arm's server: generate.launch's command line and environment, the arm's training-free mode, the
+    drafter's ``draft_max``, and (``exact``, llama.cpp) float32 caches without flash attention."""
     extra = EXACT if p.exact and p.engine == "llama.cpp" else []
     launch = LaunchParams(p.engine, None, 1, 1, "127.0.0.1", p.port, extra, p.health_timeout_s,
                           LlamaCppParams(servers=1, threads=p.threads, slots=p.slots, context=p.context,
                                          gguf_type=p.gguf_type))
     cmd = server_command(served, launch, False, draft if arm == "drafter" else None, alias=model)
     cmd += ["--spec-type", arm] if arm in NGRAM_MODES else []
+    if arm == "drafter" and p.draft_max is not None:  # the last of a repeated flag wins
+        cmd += ["--spec-draft-n-max", str(min(p.draft_max, draft.block_size - 1))]
     return Server(cmd, f"http://127.0.0.1:{p.port}", log, health_timeout_s=p.health_timeout_s, env=launch_env(launch))
 
 
 def measure_arm(p: ServeParams, arm: str, served: str, draft: Draft, engine: Engine, requests: list[Request],
                 how: Decoding, log: Path) -> dict[str, Run | None]:
-    """The arm's runs: greedy one at a time (after one request to warm the server), greedy ``slots`` at a time, and
-    sampled one at a time (arms that speculate, where ``sampled`` and evaluate has a sampled setting)."""
+    """The arm's runs: greedy one at a time (after one request to warm the server), greedy ``slots`` at a time (with
+    one slot, that same run), and for the drafter, sampled one at a time (where ``sampled`` and evaluate has a
+    sampled setting)."""
     with arm_server(p, arm, served, draft, engine.model, log):
         asyncio.run(run(engine, requests[:1], how, GREEDY, "greedy", 1))
         greedy = asyncio.run(run(engine, requests, how, GREEDY, "greedy", 1))
-        busy = asyncio.run(run(engine, requests, how, GREEDY, "greedy", p.slots))
+        busy = asyncio.run(run(engine, requests, how, GREEDY, "greedy", p.slots)) if p.slots > 1 else greedy
         sampled = None
-        if arm != "target" and p.sampled and how.judged.sampled:
+        if arm == "drafter" and p.sampled and how.judged.sampled:
             sampled = asyncio.run(run(engine, requests, how, how.judged.sampled, "sampled", 1))
     return {"greedy": greedy, "busy": busy, "sampled": sampled}

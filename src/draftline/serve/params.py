@@ -26,6 +26,9 @@ class ServeParams(Params):
     context: int
     exact: bool
     sampled: bool
+    # llama.cpp: drafts a step (--spec-draft-n-max) below the drafter's block - 1, a block of draft_max + 1 for both
+    # the drafter and the target's verification; null: the whole block, as trained and as evaluate decodes
+    draft_max: int | None
     gguf_type: Literal["f32", "f16", "bf16", "q8_0"]
     port: int
     health_timeout_s: float
@@ -37,6 +40,8 @@ class ServeParams(Params):
         if self.engine not in (None, "llama.cpp") and set(self.arms) - {"target", "drafter"}:
             raise ParamsError(f"params.yaml: {where}.arms: the ngram-* modes are llama.cpp's; {self.engine} serves "
                               "target and drafter")
+        if self.draft_max is not None and (self.draft_max < 1 or self.engine not in (None, "llama.cpp")):
+            raise ParamsError(f"params.yaml: {where}.draft_max must be null or >= 1, and is llama.cpp's")
         if self.threads < 1 or self.slots < 1 or self.context < 16:
             raise ParamsError(f"params.yaml: {where}: threads and slots must be >= 1, context >= 16")
 

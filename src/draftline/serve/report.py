@@ -98,7 +98,7 @@ def arm_row(arm: str, runs: dict[str, Run | None], base: dict[str, Run | None] |
         row.update(speed_up(greedy.turns, base["greedy"].turns, j), lossless=lossless(greedy.turns, base["greedy"].turns))
         base_busy = sum(len(t.tokens) for t in base["busy"].turns) / base["busy"].wall_s
         row["speed_up_busy"] = round(row["tokens_per_s_busy"] / base_busy, 3)
-    row["greedy"] = acceptance(greedy.turns, j)
+    row["greedy"] = acceptance(greedy.turns, j) if arm != "target" else None
     row["sampled"] = acceptance(runs["sampled"].turns, j) if runs["sampled"] else None
     if arm == "drafter" and steps_file.is_file():
         row["evaluate"] = against_evaluate(greedy.turns, steps_file)

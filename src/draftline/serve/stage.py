@@ -99,7 +99,7 @@ def run_serve(s: ServeSettings, args: ServeArgs, stage: StageRun) -> None:
     stage.details.update(engine=p.engine, split=p.split, requests=len(requests),
                          turns=len(runs["target"]["greedy"].turns), threads=p.threads, slots=p.slots,
                          exact=p.exact, served={"target": Path(served).name, "drafter": Path(draft.path).name,
-                                                "block_size": draft.block_size}, arms=arms)
+                                                "block_size": draft.block_size, "draft_max": p.draft_max}, arms=arms)
     stage.headline.update(headline(arms))
     write_csv(args.plot, plot_rows(arms), PLOT_COLUMNS)
     for arm, r in arms.items():
