@@ -18,8 +18,10 @@ from conftest import REPO
 from dvc.utils.hydra import apply_overrides
 
 from draftline.evaluate.params import EvalParams
+from draftline.export.params import ExportParams
 from draftline.generate.params import GenerateParams
 from draftline.prompts.params import BlendParams, PromptsParams
+from draftline.serve.params import ServeParams
 from draftline.target.params import TargetParams
 from draftline.train.params import TrainParams
 
@@ -30,7 +32,9 @@ def preset_overrides() -> list[str]:
     """The ``-S`` values of the script's ``dvc exp run``, ``$GGUF`` filled in from the script."""
     text = SCRIPT.read_text(encoding="utf-8")
     gguf = re.search(r"^GGUF=(\S+)$", text, re.MULTILINE).group(1)
-    command = text[text.index("exec dvc exp run"):].replace("\\\n", " ").replace('"$GGUF"', gguf)
+    launch = re.search(r"^LAUNCH='([^'\n]*)'$", text, re.MULTILINE).group(1)
+    command = (text[text.index("exec dvc exp run"):].replace("\\\n", " ").replace('"$GGUF"', gguf)
+               .replace('"generate.launch=$LAUNCH"', shlex.quote(f"generate.launch={launch}")))
     words = shlex.split(command.split("\n", 1)[0])
     return [words[i + 1] for i, w in enumerate(words) if w == "-S"]
 
@@ -55,9 +59,12 @@ def test_the_stages_accept_the_preset(preset):
     assert target.path.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     PromptsParams.parse(preset["prompts"], "prompts")
     blend = BlendParams.parse(preset["blend"], "blend")
-    assert blend.total == 300
-    GenerateParams.parse(preset["generate"], "generate")
+    assert blend.total == 1000
+    generate = GenerateParams.parse(preset["generate"], "generate")
+    assert generate.launch.engine == "llama.cpp" and generate.launch.llama_cpp.servers == "auto"
     train = TrainParams.parse(preset["train"], "train")
     assert train.target_layers == 3  # a count spread over the 30 layers, not the embedded target's [0, 1, 2]
     assert train.max_tokens_per_batch >= train.max_length
     EvalParams.parse(preset["evaluate"], "evaluate")
+    assert ExportParams.parse(preset["export"], "export").formats == ["gguf"]
+    assert ServeParams.parse(preset["serve"], "serve").engine == "llama.cpp"  # the served figure ends the run
