@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config, Qwen3F
 
 from draftline.drafter.decoding import (
     DraftContext,
-    _cache_kwarg,
+    cache_kwarg,
     crop_cache,
     greedy_generate,
     greedy_reference,
@@ -103,7 +103,7 @@ def test_greedy_matches_full_recompute(target, prompts):
 
 def test_cache_crop_gives_the_logits_of_recomputation(target):
     ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(2))
-    kw = _cache_kwarg(target)
+    kw = cache_kwarg(target)
     with torch.no_grad():
         full = target(ids).logits
         cache = DynamicCache(config=target.config)

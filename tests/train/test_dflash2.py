@@ -51,19 +51,37 @@ def dflash2(**overrides) -> dict:
     return {**S.small_params()["dflash2"], **overrides}
 
 
-def _fresh_dflash2(workdir):
-    """The tiny target, a fresh 1-layer DFlash 2 drafter bound to it (seed 0), and a batch of 4 training rows."""
+def _fresh_dflash2(workdir, **overrides):
+    """The tiny target, a fresh 1-layer DFlash 2 drafter bound to it (seed 0; ``dflash2`` values overridden), and a
+    batch of 4 training rows."""
     from transformers import Qwen3ForCausalLM
 
     from draftline.core.dataset import load_training_set
 
     target = Qwen3ForCausalLM.from_pretrained(workdir / "target-model").eval()
     config = make_config(target.config, num_layers=1, block_size=8, mask_token_id=S.MASK_ID, lineage=S.lineage(),
-                         target_layer_ids=[1, 3], architecture="dflash2", dflash2=dflash2())
+                         target_layer_ids=[1, 3], architecture="dflash2", dflash2=dflash2(**overrides))
     torch.manual_seed(0)
     drafter = DFlashDrafter(config).bind(target)
     dataset, order, _ = load_training_set(workdir / "data" / "merged")
     return target, drafter, collate(dataset, order[:4], 64)
+
+
+@pytest.fixture(scope="module")
+def trained(workdir):
+    """:func:`_fresh_dflash2`'s drafter after 60 Adam steps on its batch, learning the data's tokens and the
+    target's argmax. A fresh drafter hits nothing and ranks no gold in its top K: every count is 0 whatever the
+    labels, so no comparison of counts could fail on it."""
+    target, drafter, batch = _fresh_dflash2(workdir)
+    feats, final = pack_features(target, batch, [1, 3], final=True)
+    optimizer = torch.optim.Adam([p for p in drafter.parameters() if p.requires_grad], lr=3e-3)
+    for step in range(60):
+        optimizer.zero_grad()
+        dflash_loss(drafter, feats, batch, anchors_per_seq=4, gamma=4.0, generator=torch.Generator().manual_seed(step),
+                    labels={"data": 1.0, "target_argmax": 1.0}, target_final=final,
+                    selector=SelectorObjective(1.0, "target")).loss.backward()
+        optimizer.step()
+    return target, drafter.requires_grad_(False), batch
 
 
 def test_the_selector_loss_trains_the_selector_alone_unless_told_to_train_the_drafter(workdir):
@@ -108,37 +126,43 @@ def test_the_selector_loss_trains_the_selector_alone_unless_told_to_train_the_dr
         torch.testing.assert_close(g2[name], g1[name])
 
 
-def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(workdir):
+def test_selector_labels_from_the_target_are_its_greedy_choice_at_each_label(trained):
     """``selector_labels: target``: the selector's gold for token j is the target's argmax from position j - 1.
     On replies the target wrote greedily that choice is the data's token, so the loss and counts are exactly the
     data labels'; on other replies the target's choices differ from the data somewhere and give other counts; the
-    block loss never changes."""
-    target, drafter, batch = _fresh_dflash2(workdir)
+    block loss never changes. Each side is computed as the trainer computes it: with ``data`` labels the target's
+    last hidden state is not read, so its counts are against the data's tokens, the other's against the target's
+    choices."""
+    target, drafter, batch = trained
 
     def stats(pack, selector_labels):
-        feats, final = pack_features(target, pack, [1, 3], final=True)
+        feats, final = pack_features(target, pack, [1, 3], final=selector_labels != "data")
         with torch.no_grad():
             return dflash_loss(drafter, feats, pack, anchors_per_seq=4, gamma=4.0,
                                generator=torch.Generator().manual_seed(0),
                                selector=SelectorObjective(1.0, selector_labels), target_final=final)
 
     data, real = stats(batch, "data"), stats(batch, "target")
+    assert data.correct.sum() > 0 and real.correct.sum() > 0 and data.selector[1] > 0 < real.selector[1]
     assert not torch.equal(real.selector, data.selector)
-    assert torch.equal(real.correct, data.correct)
+    assert not torch.equal(real.correct, data.correct)  # the target's choices are not the data's here
     block_loss = float(data.loss) - float(data.selector[0])
     assert abs(float(real.loss) - float(real.selector[0]) - block_loss) < 1e-5
     prompts = [ids[: int((~mask).sum())] for ids, mask in zip(batch.input_ids[0].split(
         torch.bincount(batch.row_of[0]).tolist()), batch.loss_mask[0].split(torch.bincount(batch.row_of[0]).tolist()))]
     greedy = collate(S.greedy_rows(target, [p.tolist() for p in prompts]), np.arange(4), 64)
-    assert torch.equal(stats(greedy, "target").selector, stats(greedy, "data").selector)
+    on_greedy, on_data = stats(greedy, "target"), stats(greedy, "data")
+    assert torch.equal(on_greedy.selector, on_data.selector) and torch.equal(on_greedy.correct, on_data.correct)
 
 
 @pytest.mark.parametrize("path", ["on_greedy_path", "greedy"])
-def test_the_selectors_target_label_on_the_greedy_path(workdir, path):
+def test_the_selectors_target_label_on_the_greedy_path(trained, path):
     """``argmax_path`` with ``selector_labels: target``: the selector's hard label is kept only on the target's
     greedy path, or is that path's token (its predecessor the path's too), so on sampled replies its loss changes;
-    a soft label from the target, for sampled walks, is left as it is."""
-    target, drafter, batch = _fresh_dflash2(workdir)
+    a soft label from the target, for sampled walks, is left as it is: its argmax share (half here) and its counts
+    stay those of the target's distribution after the data's tokens (nonzero here: a trained drafter's top K holds
+    the target's choice at some positions)."""
+    target, drafter, batch = trained
     feats, final = pack_features(target, batch, [1, 3], final=True)
     chains = pack_chains(target, batch.input_ids, batch.loss_mask, batch.row_of, 7)
 
@@ -146,11 +170,14 @@ def test_the_selectors_target_label_on_the_greedy_path(workdir, path):
         with torch.no_grad():
             return dflash_loss(drafter, feats, batch, anchors_per_seq=4, gamma=4.0, labels={"target_distribution": 1.0},
                                generator=torch.Generator().manual_seed(0), target_final=final,
-                               selector=SelectorObjective(1.0, labels, outside_top_k="insert"),
+                               selector=SelectorObjective(1.0, labels, 0.5 if labels == "target_distribution" else 0.0,
+                                                          outside_top_k="insert"),
                                argmax_path=argmax_path, target_chains=chains).selector
 
     assert not torch.equal(selector("target", path)[0], selector("target", "data")[0])
-    assert torch.equal(selector("target_distribution", path), selector("target_distribution", "data"))
+    soft = selector("target_distribution", "data")
+    assert soft[1] > 0 and soft[2] > 0  # the target's choice in the top K, and picked, somewhere
+    assert torch.equal(selector("target_distribution", path), soft)
 
 
 def test_dflash2_trains_from_scratch_and_from_a_dflash1_drafter(tmp_path, workdir, train):

@@ -51,9 +51,20 @@ def test_cached_features_are_each_packs_online_features(workdir, labels):
             assert torch.equal(cached_final, online_final)
 
 
+@torch.no_grad()
+def greedy_decode(target, ids: list[int], i: int, depth: int) -> list[int]:
+    """The target's greedy continuation of ``ids[: i + 1]``, one plain forward a token, within the row."""
+    x, out = torch.tensor([ids[: i + 1]]), []
+    for _ in range(min(depth, len(ids) - 1 - i)):
+        out.append(int(target(input_ids=x).logits[0, -1].argmax()))
+        x = torch.cat([x, torch.tensor([[out[-1]]])], dim=1)
+    return out
+
+
 def test_cached_greedy_paths_are_each_packs_online_paths(workdir):
     """``argmax_path: greedy``: the cache holds every row's greedy continuations, read back per pack as a step
-    computing them online (``pack_chains``) would, bit for bit."""
+    computing them online (``pack_chains``) would, bit for bit; and what it holds is the target's greedy decoding
+    from each supervised position, token by token (checked on two rows), not only what the same function gives."""
     selector = {**S.small_params()["dflash2"], "selector_labels": "target"}
     run = _run(workdir, architecture="dflash2", dflash2=selector, argmax_path="greedy")
     assert run.chain_depth == 7 and run.features.chains is not None
@@ -62,6 +73,13 @@ def test_cached_greedy_paths_are_each_packs_online_paths(workdir):
         batch = run.batch(rows)
         online = pack_chains(run.target, batch.input_ids, batch.loss_mask, batch.row_of, run.chain_depth)
         assert torch.equal(run.features.pack_chains(rows), online)
+    for row in run.plan.batch_rows(0, 0)[:2]:
+        batch = run.batch(np.array([row]))
+        ids, mask = batch.input_ids[0].tolist(), batch.loss_mask[0].tolist()
+        chains = run.features.pack_chains(np.array([row]))[0]
+        for i in (i for i in range(len(ids) - 1) if mask[i + 1]):
+            want = greedy_decode(run.target, ids, i, run.chain_depth)
+            assert chains[i, : len(want)].tolist() == want, (int(row), i)
 
 
 def test_rows_outside_the_plan_are_refused():

@@ -143,11 +143,20 @@ def test_argmax_labels_on_the_greedy_path(models, path):
 @torch.no_grad()
 def test_greedy_chains_are_what_greedy_decoding_from_each_position_gives(models):
     """Every supervised position's continuation, decoded at once over the KV cache, is token for token what
-    step-by-step greedy decoding of the row up to that position gives (within the row)."""
+    step-by-step greedy decoding of the row up to that position gives (within the row). The replies are the
+    target's own greedy ones with one token changed half-way, as sampled data leaves the path now and then: both
+    ways of computing a chain are taken, the next position's shifted (the data's next token is the argmax) and
+    decoded (it is not)."""
     target, _ = models
-    ds = _dataset(2)
+    ds = _greedy_rows(target, 2)
     for ids, mask in zip(ds["input_ids"], ds["loss_mask"]):
+        off = mask.index(True) + 8
+        ids = [*ids[:off], (ids[off] + 1) % (S.VOCAB - 2), *ids[off + 1:]]  # never eos (VOCAB - 2) or the mask
         ids_t, mask_t = torch.tensor(ids)[None], torch.tensor(mask)[None]
+        argmax = target(input_ids=ids_t).logits[0].argmax(-1).tolist()
+        supervised = [i for i in range(len(ids) - 1) if mask[i + 1]]
+        follows = [i for i in supervised if ids[i + 1] == argmax[i]]
+        assert len(follows) >= 4 and len(supervised) - len(follows) >= 1, (len(follows), len(supervised))
         chains = greedy_chains(target, ids_t, mask_t, 4)
         for i in (i for i in range(len(ids) - 1) if mask[i + 1]):
             x, want = ids_t[:, : i + 1], []

@@ -218,8 +218,11 @@ class Generation:
         return len(self.produced)
 
 
-def _cache_kwarg(model: PreTrainedModel) -> str:
-    # transformers 5.x renamed `past_key_values` to `cache` (the old name warns and will go); 4.x knows only the old.
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The keyword ``model.forward`` takes its KV cache by, read from its signature: every forward that passes a
+    cache goes through it, since a keyword the installed version does not know is swallowed by ``**kwargs`` and
+    the model silently builds a cache of its own."""
+    # A 5.x release renamed `past_key_values` to `cache` (the old name warns and will go); older ones know only the old.
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
@@ -246,7 +249,7 @@ class _Target:
         self.model = model
         self.layer_ids = tuple(layer_ids)
         self.cache = DynamicCache(config=model.config)
-        self.cache_kwarg = _cache_kwarg(model)
+        self.cache_kwarg = cache_kwarg(model)
         self.forwards = 0
 
     def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

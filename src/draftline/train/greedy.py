@@ -11,13 +11,19 @@ drafts from. Two ways to label greedy walks rightly:
 * :func:`greedy_chains`: the continuation itself, ``depth`` tokens after every position, so every label is on it.
 
 Invariants: a row is continued alone (the target never sees another row of a pack), in the dtype it runs in; a
-continuation past a row's last token is never needed (a block's labels end with its row) and reads -1.
+continuation past a row's last token is never needed (a block's labels end with its row) and reads -1. The KV cache
+is passed by the keyword the target's forward takes (:func:`draftline.drafter.decoding.cache_kwarg`), and a target
+with sliding-window layers is refused (:func:`refuse_sliding_window`): its cache keeps only the window, which the
+branches' keys over the whole row cannot be read from.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from draftline.core.params import ParamsError
+from draftline.drafter.decoding import cache_kwarg
 
 
 def greedy_path(shape: torch.Size, used: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
@@ -42,9 +48,10 @@ def greedy_chains(target: nn.Module, input_ids: torch.Tensor, loss_mask: torch.T
     i + 1, shifted: only the positions where the data left the greedy path (about one in eight here) are decoded
     further, all of them at once, one token a level, each seeing its row up to its position and its own branch (a
     4-D mask over the target's KV cache)."""
+    refuse_sliding_window(target.config)
     n = input_ids.shape[1]
     cache = _cache(target)
-    first = target(input_ids=input_ids, cache=cache, use_cache=True).logits[0].argmax(-1)
+    first = target(input_ids=input_ids, use_cache=True, **{cache_kwarg(target): cache}).logits[0].argmax(-1)
     chains = torch.full((n, depth), -1, dtype=torch.long, device=input_ids.device)
     chains[:, 0] = first
     follows = torch.zeros(n, dtype=torch.bool, device=input_ids.device)
@@ -73,10 +80,22 @@ def _branches(target: nn.Module, cache, n: int, at: torch.Tensor, first: torch.T
     for m in range(1, depth):
         allowed = torch.cat([context] + [own] * m, dim=1)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=at.device).masked_fill(~allowed, torch.finfo(dtype).min)
-        logits = target(input_ids=out[None, :, m - 1], position_ids=(at + m)[None], cache=cache,
-                        attention_mask=mask[None, None], use_cache=True).logits[0]
+        logits = target(input_ids=out[None, :, m - 1], position_ids=(at + m)[None], attention_mask=mask[None, None],
+                        use_cache=True, **{cache_kwarg(target): cache}).logits[0]
         out[:, m] = logits.argmax(-1)
     return out
+
+
+def refuse_sliding_window(config) -> None:
+    """Refuse a target any of whose layers attend through a sliding window (Mistral-style, Gemma, gpt-oss): the
+    cache keeps the last ``sliding_window`` keys of such a layer, the 4-D mask of :func:`_branches` spans the row."""
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    types = getattr(text, "layer_types", None)  # None: every layer as the config says (Mistral's has none)
+    if window is not None and (types is None or any(t != "full_attention" for t in types)):
+        raise ParamsError(f"params.yaml: train.argmax_path: greedy decodes the target's greedy continuations over "
+                          f"its KV cache, which the target's sliding window ({window} tokens) crops: set "
+                          "train.argmax_path to on_greedy_path or data")
 
 
 def _cache(target: nn.Module):

@@ -116,7 +116,9 @@ def dflash_loss(
     target's distribution over its candidates (``selector``). The target's greedy choice (``target_argmax``, a hard
     selector label from the target) follows ``argmax_path`` (:mod:`draftline.train.greedy`): ``data``, its argmax
     after the data's tokens; ``on_greedy_path``, the same only where the data is on its greedy path from the anchor;
-    ``greedy``, that path itself (``target_chains`` ``[1, s, >= B - 1]``), the selector's predecessor on it too.
+    ``greedy``, that path itself (``target_chains`` ``[1, s, >= B - 1]``), the selector's predecessor on it too. A
+    soft selector label (``target_distribution``), its argmax share and its counts stay the target's distribution
+    after the data's tokens whatever ``argmax_path`` is.
 
     ``drafter`` may be DDP-wrapped; ``core`` below is the bare :class:`DFlashDrafter`. Logits are only computed
     where a label has weight, which keeps the vocabulary-sized tensors as small as they can be.
@@ -139,6 +141,9 @@ def dflash_loss(
         final = target_final.gather(1, at[:, :, None].expand(-1, -1, target_final.shape[-1]))
         target_logits = core.logits(final.reshape(-1, final.shape[-1])[used]).float()
         target_choice = target_logits.argmax(-1)
+    # The argmax of the target's distribution after the data's tokens: a soft label's own choice, whichever path the
+    # hard labels follow (its one-hot share and its counts must be of the distribution it is mixed into).
+    argmax = target_choice
     on_path = path_previous = None
     if argmax_path == "on_greedy_path" and target_choice is not None:
         on_path = greedy_path(tokens.shape, used, data_ids == target_choice).float()
@@ -157,7 +162,7 @@ def dflash_loss(
     if core.candidate_selector is not None:
         # The token before each label: the anchor at block position 1, the previous label after it (teacher forcing).
         previous = torch.cat([tokens[..., :1], tokens[..., :-1]], dim=-1).flatten()[used]
-        gold = data_ids if selector.labels == "data" else target_choice
+        gold = {"data": data_ids, "target": target_choice, "target_distribution": argmax}[selector.labels]
         if path_previous is not None and selector.labels == "target":
             previous = torch.where(path_previous >= 0, path_previous, previous)
         soft = target_logits if selector.labels == "target_distribution" else None

@@ -47,7 +47,7 @@ from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, ma
 from draftline.drafter.model import DFlashDrafter
 from draftline.train.data import Batch, BatchPlan, collate, pack_rows, pack_shapes
 from draftline.train.features import FeatureCache, cache_bytes
-from draftline.train.greedy import pack_chains
+from draftline.train.greedy import pack_chains, refuse_sliding_window
 from draftline.train.memory import GB, Preflight, Shapes, preflight
 from draftline.train.objective import SelectorObjective, dflash_loss, pack_features
 from draftline.train.params import NOT_IN_KEY, TrainParams
@@ -213,6 +213,10 @@ def prepare(cfg: TrainParams, merged: Path, target: Path, d: Dist, skips: Skips)
     """The target's description (``target``: its target.json), the training set and its batch plan (rows unable
     to train counted in ``skips``); the number of steps."""
     info = load_target(target)
+    if cfg.argmax_path == "greedy" and info.model_fingerprint is not None:  # before the data and the model load
+        from transformers import AutoConfig
+
+        refuse_sliding_window(AutoConfig.from_pretrained(info.path, local_files_only=True))
     dataset, order, meta = load_training_set(merged)
     if meta.tokenizer_fingerprint != info.tokenizer_fingerprint:
         raise TrainInputError(f"{merged} was made with another tokenizer than {target} describes: "
