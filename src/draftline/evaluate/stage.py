@@ -131,7 +131,8 @@ def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, requests: list[Re
         raise Refusal(f"every eval prompt was skipped ({stage.skips.as_dict()}): raise evaluate.max_prompt_tokens?")
     splits = summarize(results, block_size, p.intervals)
     stage.details.update(splits=splits, block_size=block_size, max_new_tokens=p.max_new_tokens,
-                         enable_thinking=thinking, requests=request_counts(requests), **identity(p, info, requests))
+                         enable_thinking=thinking, requests=request_counts(requests),
+                         **identity(p, info, requests, decoder.target))
     stage.headline.update(headline(stage.details))
     stage.run.update(decode_seconds=round(time.perf_counter() - started, 2))
     write_plots(args, results, splits, block_size)
@@ -155,17 +156,21 @@ def request_counts(requests: list[Request]) -> dict[str, dict[str, int]]:
             for split in sorted({r.split for r in requests})}
 
 
-def identity(p: EvalParams, info: TargetInfo, requests: list[Request]) -> dict[str, Any]:
+def identity(p: EvalParams, info: TargetInfo, requests: list[Request], target: Any) -> dict[str, Any]:
     """What makes two evaluations comparable request by request (``draftline compare`` refuses a mismatch by name):
-    the target, the prompts (a hash of every request as decoded) and each setting's sampling, and how the
-    intervals were drawn."""
+    the target, the prompts (a hash of every request as decoded, and ``max_prompt_tokens``, which decides which were
+    decoded), the dtype and kind of device the loaded ``target`` computes in (as resolved: ``auto`` is what it
+    became), each setting's sampling, and how the intervals were drawn. The device's kind (``cpu``, ``cuda``), not
+    its index: the index names a card, not how it computes."""
     prompts = xxhash.xxh64()
     for r in requests:
         prompts.update(json.dumps([r.set, r.source, r.id, r.prefix, r.turns, r.tools], sort_keys=True).encode())
         prompts.update(b"\n")
     return {"target": {"model_fingerprint": info.model_fingerprint, "tokenizer_fingerprint": info.tokenizer_fingerprint},
             "prompts": {"fingerprint": prompts.hexdigest(), "requests": len(requests)},
-            "sampling": {name: asdict(s) for name, s in p.sampling.items()}, "intervals": asdict(p.intervals)}
+            "max_prompt_tokens": p.max_prompt_tokens, "dtype": str(target.dtype).removeprefix("torch."),
+            "device": target.device.type, "sampling": {name: asdict(s) for name, s in p.sampling.items()},
+            "intervals": asdict(p.intervals)}
 
 
 def write_plots(args: EvalArgs, results: dict[str, list[TurnResult]], splits: dict[str, dict],
