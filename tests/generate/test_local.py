@@ -230,3 +230,25 @@ def test_a_drafter_changes_speed_not_bytes_and_not_the_journal_key(tmp_path, emb
     monkeypatch.setenv("DRAFTLINE_CACHE", str(tmp_path / "cache"))
     again = _run(plain_dir, embedded_target, {**LOCAL, "draft_model": draft})
     assert again.run["resumed"] == 5 and again.run["finished"] == 0
+
+
+def test_a_drafter_of_another_target_is_refused_in_one_line_by_the_stage_and_the_backend(tmp_path, embedded_target):
+    """generate.draft_model with the local backend: a drafter whose data used another tokenizer is refused as the
+    evaluate stage refuses it (drafter/fit.py), by the stage before any prompt and by the backend that loads it."""
+    from drafter_support import untrained_drafter
+
+    from draftline.core.target import load_target
+    from draftline.drafter.config import DrafterMismatch
+    from draftline.generate.local import LocalBackend
+
+    draft = untrained_drafter(embedded_target / "target.json", tmp_path / "drafter", block_size=4, tapped=2)
+    config = json.loads((draft / "config.json").read_text())
+    config["draftline"]["tokenizer_fingerprint"] = "another-tokenizer"
+    (draft / "config.json").write_text(json.dumps(config))
+    write_jsonl(tmp_path / "train.jsonl", _prompts(3))
+    with pytest.raises(DrafterMismatch, match="another tokenizer.*retrain it for this target") as e:
+        _run(tmp_path, embedded_target, {**LOCAL, "draft_model": str(draft)})
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    s = gen_params({**LOCAL, "draft_model": str(draft)})
+    with pytest.raises(DrafterMismatch, match="another tokenizer.*retrain it for this target"):
+        LocalBackend(load_target(embedded_target / "target.json"), s.sampling, False, s.local, s.draft_model)

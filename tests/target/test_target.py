@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -14,7 +15,7 @@ from conftest import TINY_TARGET_PARAMS, WEATHER_TOOL, default_params, tiny_conv
 from draftline.conversations.params import ConversationsParams, ConversationsSettings
 from draftline.conversations.stage import ConversationsArgs, run_conversations
 from draftline.core.errors import Refusal
-from draftline.core.fingerprint import sha256_file, tokenizer_fingerprint
+from draftline.core.fingerprint import SAMPLE_BLOCK, SAMPLE_EDGE, model_fingerprint, sha256_file, tokenizer_fingerprint
 from draftline.core.params import ParamsError
 from draftline.core.records import Conversation
 from draftline.core.runner import execute, run_file
@@ -70,6 +71,39 @@ def test_fingerprint_same_files_same_fingerprint_one_changed_merge_differs(qwen3
     assert tokenizer_fingerprint(copy, template + " ") != original
 
 
+def save_checkpoint(folder: Path, seed: int) -> Path:
+    """A config and 16 MiB of random float32 weights (seed ``seed``) in one safetensors file: the shapes alone are
+    the same for every seed."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 1024}')
+    g = torch.Generator().manual_seed(seed)
+    save_file({"embed": torch.randn(4096, 1024, generator=g), "head": torch.randn(16, 1024, generator=g)},
+              folder / "model.safetensors")
+    return folder
+
+
+def test_the_cheap_model_fingerprint_tells_same_shaped_weights_apart_and_keeps_a_copys(tmp_path):
+    """``hash_weights: false``: two checkpoints of the same shapes (same file sizes), other weights, get other
+    fingerprints; the same file copied elsewhere, with another mtime, the same one; a byte flipped in a sampled block
+    changes it."""
+    a, b = save_checkpoint(tmp_path / "a", 0), save_checkpoint(tmp_path / "b", 1)
+    assert (a / "model.safetensors").stat().st_size == (b / "model.safetensors").stat().st_size
+    cheap = model_fingerprint(a, hash_weights=False)
+    assert model_fingerprint(b, hash_weights=False) != cheap
+    copy = Path(shutil.copytree(a, tmp_path / "elsewhere" / "a"))
+    weights = copy / "model.safetensors"
+    os.utime(weights, ns=(0, 0))  # another mtime: a copy's time is not its content
+    assert model_fingerprint(copy, hash_weights=False) == cheap
+    data = bytearray(weights.read_bytes())
+    data[SAMPLE_EDGE + SAMPLE_BLOCK // 2] ^= 1  # inside the first strided block, past the header's MiB
+    weights.write_bytes(bytes(data))
+    assert model_fingerprint(copy, hash_weights=False) != cheap
+    assert model_fingerprint(copy) != model_fingerprint(a)  # every byte read: a change anywhere
+
+
 def test_describe_sees_a_changed_template_and_load_tokenizer_refuses_a_changed_folder(qwen3_tokenizer_dir, tmp_path):
     folder = copy_tokenizer(qwen3_tokenizer_dir, tmp_path / "tok")
     write_target(target_params(path=str(folder)), tmp_path / "target")
@@ -92,6 +126,7 @@ def test_describe_sees_a_changed_template_and_load_tokenizer_refuses_a_changed_f
 @pytest.mark.parametrize(("closing", "expected"), [
     ("<|im_end|>", ("<|im_end|>", 151645)),        # ChatML (Qwen3, SmolLM2)
     ("<|box_end|>", ("<|box_end|>", 151649)),      # another one-token close, as Llama 3's <|eot_id|>
+    ("\n<|im_end|>", ("<|im_end|>", 151645)),      # whitespace before the close: still the close, not eos
     ("\n\n", ("<|endoftext|>", 151643)),           # plain text closes the turn: eos
 ])
 def test_the_end_of_turn_is_read_from_the_template(qwen3_tokenizer_dir, tmp_path, closing, expected):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import transformers
 from conftest import default_params
 
 from draftline.core import dataset as dataset_format
@@ -28,7 +29,6 @@ from draftline.tokenize.stage import TokenizeArgs, run_tokenize
 def tokenize_params(**overrides) -> TokenizeParams:
     return TokenizeParams.parse(default_params("tokenize", **overrides), "tokenize")
 
-transformers = pytest.importorskip("transformers")
 
 EOT = "<|im_end|>"
 TOOLS = [

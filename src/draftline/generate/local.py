@@ -9,7 +9,8 @@ parser does (:mod:`draftline.generate.tool_calls`), so a record looks the same w
 With ``generate.draft_model`` each prompt is decoded alone (batch size 1) by the speculative loop of
 :mod:`draftline.drafter.decoding`, the target verifying the drafter's blocks: greedy, the same tokens as the batched
 decoding without it (tested); sampled, the same distribution but other draws. Either way it is not part of the
-journal key: switching the drafter on or off never re-sends a finished prompt.
+journal key: switching the drafter on or off never re-sends a finished prompt. The drafter loads as the evaluate
+stage loads it (:func:`draftline.drafter.fit.load_fitting`): one of another target is refused before any prompt.
 """
 
 from __future__ import annotations
@@ -61,9 +62,10 @@ class LocalBackend:
         self.proposer = None
         if draft_model is not None:
             from draftline.drafter.decoding import DFlashProposer
-            from draftline.drafter.model import DFlashDrafter
+            from draftline.drafter.fit import load_fitting
 
-            self.proposer = DFlashProposer(DFlashDrafter.from_pretrained(draft_model, self.model).to(self.model.dtype))
+            # Evaluate's load: a drafter of another target (tokenizer, layer count) is refused, not run.
+            self.proposer = DFlashProposer(load_fitting(draft_model, info, self.model))
         self.stop_ids = sorted({info.end_of_turn_token_id, info.eos_token_id})
         pad = info.pad_token_id if info.pad_token_id is not None else info.eos_token_id
         self.pad_id = pad

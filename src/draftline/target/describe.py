@@ -9,9 +9,10 @@ checkpoint (the GPU box) agree. ``target.mask_token_id`` overrides it, e.g. to m
 (an id past the tokenizer, in the embedding's padding rows, is accepted when config.json shows those rows exist).
 
 The end-of-turn token is read from the template, not assumed: an assistant turn is rendered and the token that
-follows its content is it when that is one added token (ChatML's ``<|im_end|>``, Llama 3's ``<|eot_id|>``, Gemma's
-``<end_of_turn>``); a template that closes a turn with plain text, or not at all, falls back to eos. Think tags are
-recorded only when the tokenizer has them as single tokens; a target without them has no thinking mode.
+follows its content, past any whitespace the template writes first, is it when that is one added token (ChatML's
+``<|im_end|>``, Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``); a template that closes a turn with plain text,
+or not at all, falls back to eos. Think tags are recorded only when the tokenizer has them as single tokens; a
+target without them has no thinking mode.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def end_of_turn(tok) -> tuple[str, int]:
     except Exception as e:  # every later stage renders such a pair: a template that cannot is unusable
         raise Refusal(f"the chat template cannot render a user turn and an assistant reply "
                       f"({type(e).__name__}: {e}); fix the template") from None
-    after = text.split(_SENTINEL, 1)[1] if _SENTINEL in text else ""
+    # Whitespace a template writes before its closing token ("\n<|im_end|>") would hide the token behind a newline.
+    after = text.split(_SENTINEL, 1)[1].lstrip() if _SENTINEL in text else ""
     ids = tok(after, add_special_tokens=False)["input_ids"]
     if ids and ids[0] in tok.added_tokens_decoder:
         return tok.added_tokens_decoder[ids[0]].content, ids[0]
