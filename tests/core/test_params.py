@@ -20,7 +20,7 @@ from draftline.evaluate.params import EvalParams
 from draftline.export.params import ExportParams
 from draftline.generate.params import GenerateParams
 from draftline.merge.params import MergeParams
-from draftline.prompts.params import BlendParams, DedupParams, PromptsParams
+from draftline.prompts.params import BlendParams, DecontaminateParams, DedupParams, PromptsParams
 from draftline.serve.params import ServeParams
 from draftline.target.params import TargetParams
 from draftline.tokenize.params import TokenizeParams
@@ -31,6 +31,7 @@ SECTIONS: dict[str, type[Params]] = {
     "conversations": ConversationsParams, "target": TargetParams, "prompts": PromptsParams, "dedup": DedupParams,
     "blend": BlendParams, "generate": GenerateParams, "tokenize": TokenizeParams, "merge": MergeParams,
     "export": ExportParams, "train": TrainParams, "evaluate": EvalParams, "serve": ServeParams,
+    "decontaminate": DecontaminateParams,
 }
 # Nested mappings of keys, each checked like a section (a path into params.yaml).
 NESTED = [("target", "embedded"), ("dedup", "near"), ("generate", "local"), ("blend", "sources", "agent"),
@@ -101,7 +102,7 @@ def test_a_stage_script_refuses_a_misspelt_key_before_any_work(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     paths = [arg for flag in ("conversations", "target", "out", "metrics", "report", "plot", "plot-shares", "plot-languages",
-                              "drafters", "bases")
+                              "drafters", "bases", "sets")
              for arg in (f"--{flag}", f"out/{flag}")]
     run = subprocess.run([sys.executable, str(REPO / "stages" / "prompts.py"), *paths], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)

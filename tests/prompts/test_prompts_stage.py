@@ -17,7 +17,7 @@ from merge_support import write_target as write_target_json
 from draftline.conversations.params import ConversationsParams
 from draftline.core import dataset as fmt
 from draftline.core.classify import DOMAINS
-from draftline.core.errors import Refusal
+from draftline.core.errors import MissingInput, Refusal
 from draftline.core.jsonl import iter_jsonl
 from draftline.core.raw import rows_to_table, write_raw
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation
@@ -67,13 +67,16 @@ def env(datasets_dir: Path, qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.
     return root
 
 
-def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, adapters=None, base: Path | None = None, stage=False):
-    """The stage's report (its details) and the folder holding ``prompts/`` and its metrics, report and plot."""
+def _run(env: Path, out: str, blend: dict, prompts=PROMPTS, adapters=None, base: Path | None = None, stage=False,
+         target_dir: Path | None = None):
+    """The stage's report (its details) and the folder holding ``prompts/`` and its metrics, report and plot
+    (against ``env``'s tokenizer-only target unless ``target_dir``)."""
     adapters = adapters or {name: a for name, (_, a) in SOURCES.items()}
     o = env / out
     settings = PromptsSettings(list(SOURCES), PromptsParams.parse(prompts, "prompts"), DedupParams.parse(DEDUP, "dedup"),
                                BlendParams.parse(blend, "blend"), False, str(base) if base else None)
-    done = run.prompts(env, settings, out=o / "prompts", conversations_dir=_conversations(env, adapters))
+    done = run.prompts(env, settings, out=o / "prompts", conversations_dir=_conversations(env, adapters),
+                       target_dir=target_dir)
     return (done if stage else done.details), o
 
 
@@ -158,7 +161,7 @@ def _script_argv(env: Path, target_json: Path, o: Path) -> list[str]:
             str(target_json), "--out", str(o / "prompts"), "--metrics", str(o / "m.json"),
             "--report", str(o / "r.json"), "--plot", str(o / "mix.csv"),
             "--plot-shares", str(o / "shares.csv"), "--plot-languages", str(o / "languages.csv"),
-            "--drafters", str(env / "drafters"), "--bases", str(env / "bases")]
+            "--drafters", str(env / "drafters"), "--bases", str(env / "bases"), "--sets", str(env / "sets")]
 
 
 def test_an_infeasible_blend_run_as_dvc_runs_it_prints_one_line_and_exits_1(env: Path, capsys) -> None:
@@ -280,8 +283,14 @@ def test_a_damaged_base_is_refused_by_name_before_its_mix_is_read(env: Path, qwe
     assert not (env / f"damaged_{layout}").exists()
 
 
+MODEL = "a" * 64  # the model fingerprint of the target the refusals below are read against
+
+
 @pytest.mark.parametrize("change, why", [
     ({"target": {"tokenizer_fingerprint": "f" * 64}}, "another target: target.tokenizer_fingerprint ffffffffffff vs"),
+    ({"model_fingerprint": "b" * 64}, "another target model: target.model_fingerprint bbbbbbbbbbbb vs this target's "
+                                      "aaaaaaaaaaaa"),
+    ({"model_fingerprint": None}, "another target model: target.model_fingerprint None vs"),
     ({"target": None}, "records no target"),
     ({"splits": {"test": {}}}, "has splits ['test'], no 'dev': steering reads dev only"),
     ({"per_source": {"glaive": 4.0}}, "per_source.glaive is 4.0"),
@@ -295,12 +304,41 @@ def test_steer_refuses_an_evaluation_it_cannot_use_in_one_line(env: Path, tmp_pa
 
     ours = load_target(env / "target" / "target.json").tokenizer_fingerprint
     dev = {"sampled": {"per_source": change.get("per_source", {"glaive": {"acceptance": 4.0}})}}
-    evaluation = {"target": change.get("target", {"tokenizer_fingerprint": ours}),
+    evaluation = {"target": change.get("target", {"tokenizer_fingerprint": ours,
+                                                  "model_fingerprint": change.get("model_fingerprint", MODEL)}),
                   "splits": change.get("splits", {"dev": dev})}
     (tmp_path / "eval.json").write_text(json.dumps(evaluation))
     with pytest.raises(Refusal, match=re.escape(why)):
         path = tmp_path / "eval.json"
-        steer_factors({"glaive": 1.0, "hermes": 1.0}, read_evaluation(path, ours), "sampled", 1.0, path)
+        steer_factors({"glaive": 1.0, "hermes": 1.0}, read_evaluation(path, ours, MODEL), "sampled", 1.0, path)
+
+
+def test_steer_refuses_an_evaluation_of_other_weights_under_the_same_tokenizer(env: Path, tmp_path: Path,
+                                                                            qwen3_tokenizer_dir: Path) -> None:
+    """The stage checks the target's model fingerprint, not only its tokenizer's: a target with weights, steered by
+    an evaluation of other weights under the same tokenizer, is refused in one line naming both, nothing written."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = Path(shutil.copytree(qwen3_tokenizer_dir, tmp_path / "model"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": 151936,
+                                                    "num_hidden_layers": 2, "hidden_size": 8}))
+    save_file({"weight": torch.zeros(4)}, folder / "model.safetensors")
+    write_target(TargetParams.parse(default_params("target", path=str(folder)), "target"), tmp_path / "target")
+    info = load_target(tmp_path / "target" / "target.json")
+    assert info.model_fingerprint is not None
+    report = env / "drafters" / "other-weights.eval.json"
+    report.parent.mkdir(exist_ok=True)
+    dev = {"sampled": {"per_source": {"glaive": {"acceptance": 4.0}}}}
+    report.write_text(json.dumps({"target": {"tokenizer_fingerprint": info.tokenizer_fingerprint,
+                                             "model_fingerprint": "0" * 64}, "splits": {"dev": dev}}))
+    steer = {"eval": str(report), "setting": "sampled", "strength": 1.0}
+    with pytest.raises(Refusal) as refused:
+        _run(env, "other_weights", {**BLEND, "steer": steer}, target_dir=tmp_path / "target")
+    assert str(refused.value) == (
+        f"blend.steer.eval: {report} evaluated another target model: target.model_fingerprint 000000000000 vs this "
+        f"target's {info.model_fingerprint[:12]}; steer by an evaluation of this target's drafter")
+    assert not (env / "other_weights").exists()
 
 
 def test_target_mix_in_tokens_meets_each_domain_within_a_row(env: Path) -> None:
@@ -348,18 +386,22 @@ def test_steer_scales_weights_by_how_far_a_source_lags(env: Path, tmp_path: Path
     evaluation = {"target": {"tokenizer_fingerprint": ours}, "splits": {"dev": dev, "test": test}}
     report.write_text(json.dumps(evaluation))
     weights = {"glaive": 2.0, "agent_reason": 1.0, "hermes": 1.0, "http": 1.0}
-    read = read_evaluation(report, ours)
+    read = read_evaluation(report, ours, None)  # env's target has no weights: its tokenizer is checked
     f = steer_factors(weights, read, "sampled", 1.0, report)
     assert {s: x["factor"] for s, x in f.items()} == {"glaive": 1.0, "agent_reason": 2.0, "hermes": 1.25, "http": 1.0}
     assert steer_factors(weights, read, "sampled", 2.0, report)["agent_reason"]["factor"] == 4.0
     assert {x["factor"] for x in steer_factors(weights, read, "sampled", 0.0, report).values()} == {1.0}
-    with pytest.raises(Exception, match="greedy"):
+    with pytest.raises(Refusal) as refused:  # a setting the evaluation did not decode: named, with what it has
         steer_factors(weights, read, "greedy", 1.0, report)
-    with pytest.raises(Exception, match="does not exist"):
-        read_evaluation(tmp_path / "none.json", ours)
+    assert str(refused.value) == (f"blend.steer.setting 'greedy' has no per-source figures in {report}'s dev split; "
+                                  "it has ['sampled']")
+    with pytest.raises(MissingInput) as missing:
+        read_evaluation(tmp_path / "none.json", ours, None)
+    assert str(missing.value) == (f"blend.steer.eval: {tmp_path / 'none.json'} does not exist; keep the previous "
+                                  "round's reports/eval.json under data/drafters/ (README \"Rounds\")")
     (tmp_path / "cut.json").write_text('{"splits": {"dev": ')  # a report cut half-way: refused, named
     with pytest.raises(Refusal, match="not an evaluate report"):
-        read_evaluation(tmp_path / "cut.json", ours)
+        read_evaluation(tmp_path / "cut.json", ours, None)
     # In the stage: the report shows what steered and the requested, steered and achieved shares; the lagging
     # source (on dev) gains rows.
     steer = {"eval": str(report), "setting": "sampled", "strength": 3.0}
@@ -405,12 +447,24 @@ def test_a_base_outside_the_bases_folder_is_refused_with_the_fix_before_it_is_re
 
 
 def test_a_steer_file_outside_the_tracked_folder_is_refused_with_the_fix(env: Path, tmp_path: Path) -> None:
-    """DVC cannot see an evaluation outside the stage's drafters folder change: refused before anything is read."""
+    """DVC cannot see an evaluation outside the stage's drafters folder change: refused before anything is read.
+    Every input here would be refused if read (no target, no conversations, a cut evaluation), so the refusal
+    that comes is the first check the stage makes."""
     from draftline.core.tracked import Untracked
 
-    steer = {"eval": str(tmp_path / "eval.json"), "setting": "sampled", "strength": 1.0}
-    with pytest.raises(Untracked, match=r"blend\.steer\.eval .* is outside .*drafters.*cp -r .* && dvc add"):
-        _run(env, "untracked", {**BLEND, "steer": steer})
+    outside = tmp_path / "eval.json"
+    outside.write_text('{"splits": {"dev": ')
+    steer = {"eval": str(outside), "setting": "sampled", "strength": 1.0}
+    settings = PromptsSettings(list(SOURCES), PromptsParams.parse(PROMPTS, "prompts"), DedupParams.parse(DEDUP, "dedup"),
+                               BlendParams.parse({**BLEND, "steer": steer}, "blend"), False)
+    with pytest.raises(Untracked) as refused:
+        run.prompts(env, settings, out=env / "untracked" / "prompts", conversations_dir=tmp_path / "no-conversations",
+                    target_dir=tmp_path / "no-target")
+    drafters, inside = env / "drafters", env / "drafters" / "eval.json"
+    assert str(refused.value) == (
+        f"params.yaml: blend.steer.eval ({outside}) is outside {drafters}, which DVC tracks for this stage: a change "
+        f"to it would not rerun the stage. Copy it in and track it: cp -r {outside} {inside} && dvc add {inside}; "
+        f"then set blend.steer.eval: {inside}")
     assert not (env / "untracked").exists()
 
 

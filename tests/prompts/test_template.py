@@ -58,3 +58,23 @@ def test_tool_prompts_pass_where_tools_render_and_are_counted_or_refused_where_n
     with pytest.raises(Refusal, match=r"does not render tools, and prompts offer them \(1 of a, 2 of b\): set "
                                       r"prompts.tools_unsupported: drop"):
         refuse.check()
+
+
+def test_a_weight_0_source_offering_tools_is_dropped_from_not_refused(chatml_tokenizer_dir):
+    """``weight: 0`` leaves a source out of the train blend: its tool prompts are dropped and counted under
+    ``refuse`` too (its eval rows are still held out, so they are not kept), and only weighted sources are named."""
+    import logging
+
+    from draftline.prompts.blend import unweighted
+    from draftline.prompts.params import BlendSource
+
+    left_out = unweighted(["a", "b", "c"], {"b": BlendSource(weight=0.0), "c": BlendSource(whole=True)})
+    assert left_out == ["b"]  # a whole source is taken in full, whatever its (absent) weight
+    skips = Skips(logging.getLogger("test"), strict=True)
+    refuse = ToolPrompts(_tok(chatml_tokenizer_dir), "refuse", left_out)
+    assert not refuse.keep(_record("b", 0, True), skips) and skips.counts == {TOOLS_UNSUPPORTED: 1}
+    assert refuse.keep(_record("b", 1, False), skips)
+    refuse.check()
+    assert not refuse.keep(_record("a", 2, True), skips) and skips.counts == {TOOLS_UNSUPPORTED: 1}
+    with pytest.raises(Refusal, match=r"prompts offer them \(1 of a\): set"):
+        refuse.check()

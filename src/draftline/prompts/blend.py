@@ -100,6 +100,11 @@ def source_plan(names: Sequence[str], sources: Mapping[str, BlendSource]) -> dic
     return out
 
 
+def unweighted(names: Sequence[str], sources: Mapping[str, BlendSource]) -> list[str]:
+    """The sources ``weight: 0`` leaves out of the train blend (their eval rows are still held out)."""
+    return [n for n, x in source_plan(names, sources).items() if not x["whole"] and x["weight"] == 0]
+
+
 def split_eval(ranked_ids: Sequence[str], held_out: HeldOutParams) -> tuple[list[str], list[str]]:
     """The held-out ids (dev, then test) and the train pool. Each split's quota is filled with the first ids of that
     split in selection order (a prompt's split is its id's: core/splits.py); the quotas shrink together so that at

@@ -1,13 +1,14 @@
 """The prompt stage's params: ``prompts``, ``dedup`` and ``blend`` of params.yaml, the names of ``sources`` (their
 order is the row order and the dedup tie-break), ``generate.enable_thinking`` (token costs render prompts as
-generation will) and ``merge.base`` (whose recorded mix ``blend.target_mix`` and ``blend.max_domain_share`` count),
-loaded together as :class:`PromptsSettings`."""
+generation will), ``merge.base`` (whose recorded mix ``blend.target_mix`` and ``blend.max_domain_share`` count),
+``decontaminate`` and the names of ``evaluate.sets`` (whose prompts it checks against), loaded together as
+:class:`PromptsSettings`."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from draftline.core.classify import DOMAINS
 from draftline.core.params import Params, ParamsError, load_section, load_value, optional
@@ -48,6 +49,21 @@ class DedupParams(Params):
 
     priority: list[str]
     near: NearParams
+
+
+@dataclass(frozen=True)
+class DecontaminateParams(Params):
+    """``params.yaml: decontaminate`` (prompts/decontaminate.py)."""
+
+    enabled: bool
+    ngram: int
+    threshold: float
+    shared_by: int
+    extra: list[str]
+
+    def validate(self, where: str) -> None:
+        if not 0.0 < self.threshold <= 1.0 or self.ngram < 1 or self.shared_by < 2:
+            raise ParamsError(f"params.yaml: {where}: threshold must be in (0, 1], ngram >= 1, shared_by >= 2")
 
 
 @dataclass(frozen=True)
@@ -138,9 +154,13 @@ class PromptsSettings:
     enable_thinking: bool
     # ``merge.base``: the set the new rows will be merged onto; its recorded mix counts towards the merged set's.
     base: str | None = None
+    # ``decontaminate`` (None: no check) and the names of ``evaluate.sets``, whose prompts it checks against.
+    decontaminate: DecontaminateParams | None = None
+    sets: list[str] = field(default_factory=list)
 
 
 def load(_args: object = None) -> PromptsSettings:
     return PromptsSettings(list(load_section("sources")), PromptsParams.load("prompts"), DedupParams.load("dedup"),
                            BlendParams.load("blend"), load_value("generate.enable_thinking", bool),
-                           load_value("merge.base", str | None))
+                           load_value("merge.base", str | None), DecontaminateParams.load("decontaminate"),
+                           list(load_value("evaluate.sets", dict[str, Any]) or {}))

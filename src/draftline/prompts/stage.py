@@ -1,7 +1,9 @@
 """The ``prompts`` stage: every source's conversations -> ``train.jsonl`` + ``eval.jsonl``, metrics and the mix plot.
 
 Order of work: cut a prompt out of every conversation (bad ones counted per reason; ``canonical``), exact dedup,
-near dedup (``dedup``), the eval split and the blend by source weights (``blend``), or aimed at
+near dedup (``dedup``), decontamination against every evaluation prompt (``decontaminate``: the benchmark sets, the
+held-out prompts, ``decontaminate.extra``; hits counted as the skip ``contaminated``), the eval split and the
+blend by source weights (``blend``), or aimed at
 ``blend.target_mix`` for the merged set counting the recorded mix of ``merge.base`` (``aim``, ``base``), steered
 by a previous round's dev figures (``steer``), then the ``blend.max_domain_share`` guard. Every prompt kept gets a
 domain and a language (:mod:`draftline.core.classify`); the report gives them per source, for the base, the new rows
@@ -48,9 +50,10 @@ from draftline.core.target import load_target, load_tokenizer
 from draftline.core.tracked import require_tracked
 from draftline.prompts.aim import aimed_selection, check_max_share
 from draftline.prompts.base import base_mix, base_prompt_ids
-from draftline.prompts.blend import Pool, hash_rank, select, source_plan, split_eval
+from draftline.prompts.blend import Pool, hash_rank, select, source_plan, split_eval, unweighted
 from draftline.prompts.canonical import cut_prompt, user_text
 from draftline.prompts.costs import token_costs
+from draftline.prompts.decontaminate import Contamination, EvalPrompt, decontaminate, extra_prompts, set_prompts
 from draftline.prompts.dedup import MinHasher, exact_duplicates, near_duplicates, number_key, survivor_order
 from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
 from draftline.prompts.report import (
@@ -188,12 +191,13 @@ class Blend:
 def blend_rows(
     kept: list[PromptRecord], reports: dict[str, SourceReport], blend: BlendParams, order: Sequence[str], cost: Costs,
     labels: Labels | None = None, base: dict[str, int] | None = None, in_base: frozenset[str] = frozenset(),
-    factors: dict[str, float] | None = None,
+    factors: dict[str, float] | None = None, contaminated: frozenset[str] = frozenset(),
 ) -> Blend:
     """The eval split and the blend's train rows, each in source order then row order; with ``blend.target_mix``
     aimed at it (``base``: the base's amount per domain, in ``blend.unit``). Prompts ``in_base`` are left out of
     the train pool (after the eval split, which therefore never depends on the base); ``factors`` scale the
-    weighted sources' weights (``blend.steer``)."""
+    weighted sources' weights (``blend.steer``). Prompts ``contaminated`` leave both sides after the split (which
+    therefore never depends on the evaluation sets: a held-out prompt that is a benchmark's is dropped, not replaced)."""
     plan = source_plan(order, blend.sources)
     for name, factor in (factors or {}).items():
         plan[name]["weight"] *= factor
@@ -204,6 +208,9 @@ def blend_rows(
     for name in order:
         ranked = sorted(by_source[name], key=lambda r: (hash_rank(blend.seed, r.id), r.id))
         eval_ids, train_ids = split_eval([r.id for r in ranked], blend.eval)
+        if contaminated:
+            eval_ids = [i for i in eval_ids if i not in contaminated]
+            train_ids = [i for i in train_ids if i not in contaminated]
         if in_base:
             fresh = [i for i in train_ids if i not in in_base]
             reports[name].in_base, train_ids = len(train_ids) - len(fresh), fresh
@@ -229,6 +236,26 @@ def blend_rows(
     return Blend(train, eval_, aimed)
 
 
+def held_out_ids(kept: list[PromptRecord], blend: BlendParams, order: Sequence[str]) -> set[str]:
+    """The ids :func:`blend_rows` sets aside for evaluation (the same rank and split), known before the blend."""
+    held: set[str] = set()
+    for name in order:
+        ranked = sorted((r for r in kept if r.source == name), key=lambda r: (hash_rank(blend.seed, r.id), r.id))
+        held.update(split_eval([r.id for r in ranked], blend.eval)[0])
+    return held
+
+
+def check_contamination(p: PromptsSettings, sets_dir: Path, stage: StageRun) -> list[EvalPrompt] | None:
+    """The evaluation prompts of ``evaluate.sets`` and ``decontaminate.extra`` (None: the check is off), read
+    before any source row so that a missing set stops the stage at once."""
+    if p.decontaminate is None or not p.decontaminate.enabled:
+        return None
+    for path in p.decontaminate.extra:
+        require_tracked(path, sets_dir, "decontaminate.extra")
+    return set_prompts(p.sets, sets_dir, stage.skips) + [
+        e for path in p.decontaminate.extra for e in extra_prompts(path, stage.skips)]
+
+
 def _write_outputs(out_dir: Path, train: list[PromptRecord], eval_: list[PromptRecord]) -> None:
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
@@ -251,6 +278,7 @@ class PromptsArgs(StageArgs):
     plot_languages: Path
     drafters: Path  # where earlier rounds' evaluations live (a dependency of the stage)
     bases: Path  # where merge.base lives (a dependency of the stage)
+    sets: Path = Path()  # the benchmark sets' conversations, <sets>/<name>/ (decontaminate checks against them)
 
 
 def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
@@ -263,14 +291,26 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     target = load_target(args.target)
     tokenizer = load_tokenizer(target)
     check_thinking(tokenizer, p.enable_thinking)
-    records, reports = collect(order, p.prompts, args.conversations, ToolPrompts(tokenizer, p.prompts.tools_unsupported))
+    outside = check_contamination(p, args.sets, stage)
+    tools = ToolPrompts(tokenizer, p.prompts.tools_unsupported, unweighted(order, p.blend.sources))
+    records, reports = collect(order, p.prompts, args.conversations, tools)
     kept = deduplicate(records, reports, p.dedup, order)
+    contamination: Contamination | None = None
+    if outside is not None:
+        # Its own counter logs the first hits; the counts join each source's skips (the stage's, at the end).
+        dropped, contamination = decontaminate(kept, held_out_ids(kept, p.blend, order), outside, p.decontaminate,
+                                               Skips(get_logger("draftline.prompts.decontaminate")))
+        for name, n in contamination.by_source.items():
+            reports[name].skipped["contaminated"] += n
+    else:
+        dropped = frozenset()
     cost = Costs(kept, tokenizer, p.enable_thinking)
     base = base_mix(p.base, tokenizer, stage, p.blend.target_mix is not None or p.blend.max_domain_share is not None)
     labels = Labels(kept)
-    steer = steering(p.blend, order, target.tokenizer_fingerprint)
+    steer = steering(p.blend, order, target)
     blend = blend_rows(kept, reports, p.blend, order, cost, labels, base.amounts(p.blend.unit),
-                       base_prompt_ids(p.base), {s: x["factor"] for s, x in steer.sources.items()} if steer else None)
+                       base_prompt_ids(p.base), {s: x["factor"] for s, x in steer.sources.items()} if steer else None,
+                       dropped)
     if steer:
         steer.check_prompts(p.blend.steer, blend.eval)
     train_labels = [labels(r.id) for r in blend.train]
@@ -284,6 +324,10 @@ def run_prompts(p: PromptsSettings, args: PromptsArgs, stage: StageRun) -> None:
     _write_outputs(args.out, blend.train, blend.eval)
     details = build_metrics(reports, p.blend.unit, p.blend.total)
     details["mix"] = mix
+    if contamination is not None:
+        details["decontamination"] = contamination.report(p.decontaminate)
+        stage.headline["contaminated"] = contamination.headline()
+        stage.run["decontaminate_seconds"] = round(contamination.seconds, 2)
     if steer:
         details["steer"] = steer_shares(p.blend.steer, steer, details)
         print(format_steer(details["steer"]), flush=True)

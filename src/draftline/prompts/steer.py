@@ -21,18 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from draftline.core.errors import MissingInput, Refusal
-from draftline.core.records import PromptRecord
+from draftline.core.records import PromptRecord, TargetInfo
 from draftline.core.splits import DEV, split_of
 from draftline.prompts.blend import source_plan
 from draftline.prompts.params import BlendParams, SteerParams
 
 
-def read_evaluation(report: str | Path, tokenizer_fingerprint: str) -> dict[str, Any]:
+def read_evaluation(report: str | Path, tokenizer_fingerprint: str, model_fingerprint: str | None) -> dict[str, Any]:
     """The ``dev`` split of a previous round's evaluation (per setting), the only split a decision reads.
 
-    Refused in one line: a missing or cut file, an evaluation of another target (its recorded tokenizer
-    fingerprint, naming both), one that records none or has no ``dev`` split (written by an older draftline, or
-    evaluated with ``blend.eval.dev: 0``): the ``test`` split is reported, never steered by."""
+    Refused in one line: a missing or cut file, an evaluation of another target (its recorded tokenizer or model
+    fingerprint, naming both: another model's acceptance says nothing of where this one's drafter lags), one that
+    records none or has no ``dev`` split (written by an older draftline, or evaluated with ``blend.eval.dev: 0``):
+    the ``test`` split is reported, never steered by. A target folder with no weights (``model_fingerprint`` None:
+    the tokenizer alone, enough for this stage) is checked by its tokenizer only."""
     path = Path(report)
     if not path.is_file():
         raise MissingInput(f"blend.steer.eval: {path} does not exist; keep the previous round's reports/eval.json "
@@ -49,6 +51,11 @@ def read_evaluation(report: str | Path, tokenizer_fingerprint: str) -> dict[str,
     if theirs != tokenizer_fingerprint:
         raise Refusal(f"blend.steer.eval: {path} evaluated another target: target.tokenizer_fingerprint "
                       f"{theirs[:12]} vs this target's {tokenizer_fingerprint[:12]}")
+    model = target.get("model_fingerprint")
+    if model_fingerprint is not None and model != model_fingerprint:
+        raise Refusal(f"blend.steer.eval: {path} evaluated another target model: target.model_fingerprint "
+                      f"{str(model)[:12]} vs this target's {model_fingerprint[:12]}; steer by an evaluation of this "
+                      "target's drafter")
     if not isinstance(splits.get(DEV), dict):
         raise Refusal(f"blend.steer.eval: {path} has splits {sorted(splits)}, no {DEV!r}: steering reads dev only "
                       "(test is reported, never read by a decision); evaluate with blend.eval.dev > 0")
@@ -121,13 +128,13 @@ class Steering:
         check_prompt_set(self.dev, steer.setting, dev_ids, Path(steer.eval))
 
 
-def steering(blend: BlendParams, order: Sequence[str], tokenizer_fingerprint: str) -> Steering | None:
+def steering(blend: BlendParams, order: Sequence[str], target: TargetInfo) -> Steering | None:
     """``blend.steer``'s acceptance and weight factor per weighted source (:mod:`draftline.prompts.steer`)."""
     if blend.steer is None:
         return None
     plan = source_plan(order, blend.sources)
     weights = {name: x["weight"] for name, x in plan.items() if not x["whole"] and x["weight"] > 0}
-    dev = read_evaluation(blend.steer.eval, tokenizer_fingerprint)
+    dev = read_evaluation(blend.steer.eval, target.tokenizer_fingerprint, target.model_fingerprint)
     factors = steer_factors(weights, dev, blend.steer.setting, blend.steer.strength, Path(blend.steer.eval))
     return Steering(dev, {name: {"weight": weights[name], **factors[name]} for name in weights})
 
