@@ -126,7 +126,7 @@ def make_merged(root: Path, rows: dict[str, list]) -> Path:
 
 def args(root: Path, **overrides):
     """The train stage's paths under ``root``, laid out as dvc.yaml lays them out in a project."""
-    from draftline.train.stage import TrainArgs
+    from draftline.train.args import TrainArgs
 
     paths = dict(
         merged=root / "data" / "merged", target=root / "data" / "target" / "target.json",

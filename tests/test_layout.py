@@ -4,6 +4,8 @@
   ``metrics/...``, ``plots/...``, ``reports/...``; docstrings may name them);
 - a stage's package imports only what its dvc.yaml code deps cover (``core``, its own package, a shared package its
   stage lists, such as ``drafter`` for train and evaluate), so a change DVC cannot see never changes a stage;
+- no draftline module imports itself back through others (a lazy or ``TYPE_CHECKING`` import counts: a reader and a
+  type checker follow it all the same), so every module can be read after the ones it imports;
 - every stage command passes exactly the data paths its stage declares (each argument is a dep or an output, or
   inside one, and each data dep or output is passed), and every stage script has the one shape of
   :func:`draftline.core.runner.main`.
@@ -14,6 +16,7 @@ The checkers are functions of a source tree, and each is shown to fail on a plan
 from __future__ import annotations
 
 import ast
+import graphlib
 import re
 import shlex
 from pathlib import Path
@@ -85,6 +88,37 @@ def import_violations(src: Path, allowed: dict[str, set[str]]) -> list[str]:
     return found
 
 
+def _module_name(src: Path, file: Path) -> str:
+    parts = file.relative_to(src).with_suffix("").parts
+    return ".".join((src.name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def module_imports(src: Path) -> dict[str, set[str]]:
+    """Per module under ``src``, the modules under ``src`` it imports anywhere in its body (``from package import
+    module`` names the module; ``from module import name`` the module)."""
+    files = {_module_name(src, f): f for f in sorted(src.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, file in files.items():
+        names = set()
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                          for a in node.names}
+        graph[module] = (names & files.keys()) - {module}
+    return graph
+
+
+def import_cycle(src: Path) -> list[str]:
+    """One cycle of imports among the modules under ``src`` (its first module again at its end), or [] if none."""
+    try:
+        graphlib.TopologicalSorter(module_imports(src)).prepare()
+    except graphlib.CycleError as cycle:
+        return cycle.args[1]
+    return []
+
+
 def test_no_pipeline_path_is_written_in_src() -> None:
     assert path_literals(SRC) == []
 
@@ -96,6 +130,10 @@ def test_no_stage_imports_what_its_deps_do_not_cover() -> None:
     assert import_violations(SRC, allowed) == []
     # core depends on nothing else of draftline.
     assert all(imported_packages(f) <= {"core"} for f in (SRC / "core").rglob("*.py"))
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert import_cycle(SRC) == []
 
 
 def test_the_checkers_fail_on_planted_violations(tmp_path: Path) -> None:
@@ -111,6 +149,11 @@ def test_the_checkers_fail_on_planted_violations(tmp_path: Path) -> None:
     assert path_literals(src) == ["prompts/stage.py:4: 'data/prompts/train.jsonl'",
                                   "prompts/stage.py:5: 'metrics/prompts.json'"]
     assert import_violations(src, allowed) == ["prompts/stage.py imports draftline.generate"]
+    assert import_cycle(src) == []
+    (src / "prompts" / "text.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from draftline.prompts import stage\n")
+    (src / "prompts" / "stage.py").write_text("from draftline.prompts.text import clean\n")
+    assert sorted(import_cycle(src)[:-1]) == ["draftline.prompts.stage", "draftline.prompts.text"]
 
 
 # ------------------------------------------------------------------------------- dvc.yaml and the stage scripts

@@ -13,29 +13,16 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
-from draftline.core.runner import StageArgs, StageRun, run_file
+from draftline.core.runner import StageRun, run_file
 from draftline.core.tracked import require_tracked
+from draftline.train.args import TrainArgs
 from draftline.train.params import TrainParams
 from draftline.train.trainer import train
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainArgs(StageArgs):
-    """``stages/train.py``'s paths (dvc.yaml passes them)."""
-
-    merged: Path  # the training set (the merge stage's output)
-    target: Path  # the target's target.json
-    out: Path  # the drafter's checkpoint folder
-    metrics: Path
-    plot: Path  # the loss curve
-    drafters: Path  # where earlier rounds' drafters and evaluations live (a dependency of the stage)
 
 
 class RanksFailed(Refusal):

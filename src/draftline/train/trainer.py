@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import numpy as np
@@ -45,6 +45,7 @@ from draftline.core.threads import torch_threads
 from draftline.drafter.checkpoint import CONFIG_FILE
 from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, make_config
 from draftline.drafter.model import DFlashDrafter
+from draftline.train.args import TrainArgs
 from draftline.train.data import Batch, BatchPlan, collate, pack_rows, pack_shapes
 from draftline.train.features import FeatureCache, cache_bytes
 from draftline.train.greedy import pack_chains, refuse_sliding_window
@@ -53,9 +54,6 @@ from draftline.train.objective import SelectorObjective, dflash_loss, pack_featu
 from draftline.train.params import NOT_IN_KEY, TrainParams
 from draftline.train.state import load_latest, save_state, state_key
 from draftline.train.warm_start import warm_start
-
-if TYPE_CHECKING:
-    from draftline.train.stage import TrainArgs
 
 log = get_logger(__name__)
 
