@@ -88,7 +88,9 @@ def make_rows(tok_dir: Path, ids: list[str], seed: int, source: str = "s", words
     return fmt.build_table(ids, [source] * len(ids), np.array(offsets), np.array(input_ids), np.array(mask))
 
 
-def write_tokenized(folder: Path, table: pa.Table, info: TargetInfo, max_shard_bytes: int = 4000) -> fmt.DatasetMeta:
+def write_tokenized(folder: Path, table: pa.Table, info: TargetInfo, max_shard_bytes: int = 4000,
+                    provenance: list[str | None] | None = None) -> fmt.DatasetMeta:
+    """A tokenized folder of ``table``'s rows; ``provenance``: each row's (none: rows that record none)."""
     meta = fmt.DatasetMeta(
         tokenizer_fingerprint=info.tokenizer_fingerprint,
         chat_template_sha256=info.chat_template_sha256,
@@ -97,7 +99,8 @@ def write_tokenized(folder: Path, table: pa.Table, info: TargetInfo, max_shard_b
         mask_token_id=info.mask_token_id,
         end_of_turn_token_id=info.end_of_turn_token_id,
     )
-    return fmt.write_dataset(folder, [table], meta, max_shard_bytes=max_shard_bytes)
+    return fmt.write_dataset(folder, [(table, provenance) if provenance else table], meta,
+                             max_shard_bytes=max_shard_bytes)
 
 
 def write_legacy(folder: Path, table: pa.Table, with_ids: bool = False, **extra: list) -> None:

@@ -24,6 +24,14 @@ with ``finish_reason: "length"``. ``delay_s`` delays every answer. Every request
 ``return_meta_info`` gets the choice's ``meta_info`` with ``spec_verify_ct``, the verification steps its
 completion tokens took (``completion_tokens / spec_accept_length``, rounded up), as SGLang's scheduler counts them.
 
+What a server says it is: ``engine`` ("sglang", the default; "vllm"; "llama.cpp") decides the ``owned_by`` of its
+``GET /v1/models`` entries (SGLang's and vLLM's ModelCard: "sglang", "vllm"; llama.cpp's tools/server
+server-context.cpp ``get_res_model_info``: "llamacpp") and the route that reports ``version``: SGLang's
+http_server.py ``GET /server_info`` (``GET /get_server_info`` its deprecated alias; both the server args, the
+scheduler info, ``internal_states`` and ``version``), vLLM's api_server ``GET /version`` (``{"version"}``),
+llama-server's ``GET /props`` (``build_info``: ``b<build number>-<commit>``, beside ``model_path``, ``total_slots``,
+``chat_template``, ...). ``version=None`` leaves that route out (404), as a server that does not report it.
+
 Run as a script (``python tests/sglang_server.py --port 30000``) it serves until killed.
 """
 
@@ -67,8 +75,11 @@ def reply_for(body: dict[str, Any]) -> tuple[str, str]:
 class FakeSGLang:
     def __init__(self, model: str = "default", delay_s: float = 0.0, reasoning_parser: bool = True,
                  faults: dict[str, list[str]] | None = None, truncate: set[str] | frozenset = frozenset(),
-                 api_key: str | None = None, spec_accept_length: float | None = None):
+                 api_key: str | None = None, spec_accept_length: float | None = None, engine: str = "sglang",
+                 version: str | None = "0.5.4"):
         self.model = model
+        self.engine = engine
+        self.version = version
         self.spec_accept_length = spec_accept_length
         self.api_key = api_key
         self.delay_s = delay_s
@@ -90,14 +101,32 @@ class FakeSGLang:
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
+        if self.version is not None:
+            routes = {"sglang": ["/server_info", "/get_server_info"], "vllm": ["/version"], "llama.cpp": ["/props"]}
+            for route in routes[self.engine]:
+                app.router.add_get(route, self.info)
         return app
+
+    async def info(self, request: web.Request) -> web.Response:
+        """The version route of ``engine``, in its shape (a few of the other fields beside it)."""
+        if self.engine == "vllm":
+            body: dict[str, Any] = {"version": self.version}
+        elif self.engine == "llama.cpp":
+            body = {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1, "model_alias": self.model,
+                    "model_path": "/models/target.gguf", "chat_template": "", "build_info": self.version,
+                    "is_sleeping": False}
+        else:
+            body = {"model_path": self.model, "tp_size": 1, "dp_size": 1, "max_total_num_tokens": 65536,
+                    "internal_states": [{"avg_spec_accept_length": None}], "version": self.version}
+        return web.Response(body=compact(body), content_type="application/json")
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
     async def models(self, request: web.Request) -> web.Response:
         data = {"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
-                                            "owned_by": "sglang", "root": self.model, "parent": None,
+                                            "owned_by": {"llama.cpp": "llamacpp"}.get(self.engine, self.engine),
+                                            "root": self.model, "parent": None,
                                             "max_model_len": 4096}]}
         return web.Response(body=compact(data), content_type="application/json")
 

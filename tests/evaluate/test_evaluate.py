@@ -30,7 +30,7 @@ from draftline.drafter.fit import resolve_device
 from draftline.drafter.model import DFlashDrafter
 from draftline.evaluate.params import EvalParams, IntervalParams
 from draftline.evaluate.report import TurnResult, acceptance_by_position, headline, summarize_setting
-from draftline.evaluate.stage import EvalArgs, run_evaluate
+from draftline.evaluate.stage import EvalArgs, decoded_settings, run_evaluate
 from draftline.target.describe import describe_target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,7 +171,7 @@ def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
         {"role": "assistant", "content": "4"}])])
     params = eval_params(sets={"bench": {"path": "unused", "adapter": "mt_bench"}}, max_new_tokens=12,
-                         max_prompts_per_source=2, max_prompt_tokens=200, workers=2)
+                         max_prompts_per_source=2, max_prompt_tokens=200, workers=2, thinking="data")
     args = eval_args(tiny_target_dir, tiny_target_dir / "checkpoints", prompts, tmp_path)
     stage = evaluate(params, args)
     # Every request in its id's split (core/splits.py): bench-1 hashes to dev, every other one to test; the long
@@ -242,7 +242,7 @@ def test_the_next_turn_follows_the_targets_own_reply(tiny_target_dir, tmp_path):
     target, tok, drafter = load_models(info, tiny_target_dir / "checkpoints", params)
     decoder = Decoder(target, tok, DFlashProposer(drafter), stop_token_ids(info), params, False)
     req = Request("bench", "bench", "r", [], [{"role": "user", "content": "One?"}, {"role": "user", "content": "Two?"}])
-    first, second = decoder.request("greedy", GREEDY, req, Skips(get_logger("test")))
+    first, second = decoder.request("greedy", GREEDY, req, False, Skips(get_logger("test")))
     reply = tok.decode(first.speculative.tokens, skip_special_tokens=True)
     expected = render_prompt(tok, [req.turns[0], {"role": "assistant", "content": reply}, req.turns[1]], None, False)
     assert second.prompt_tokens == len(expected) and second.turn == 1
@@ -361,11 +361,56 @@ def test_a_worker_that_dies_stops_the_stage_instead_of_hanging():
     class Dies:
         target = SimpleNamespace(device=torch.device("cpu"))
 
-        def request(self, setting, sampling, request, skips):
+        def request(self, setting, sampling, request, thinking, skips):
             if request == "fatal":
                 os._exit(9)
             return [request]
 
-    jobs = [("greedy", None, r) for r in ("a", "b", "fatal", "c")]
+    jobs = [("greedy", None, r, False) for r in ("a", "b", "fatal", "c")]
     with pytest.raises(WorkerDied, match="evaluate.workers: 1"):
         list(decode_all(jobs, Dies(), 2, Skips(get_logger("test"))))
+
+
+def test_thinking_on_and_off_are_decoded_and_reported_apart(tiny_target_dir, tmp_path):
+    """The tiny target has Qwen3's hybrid template and a drafter trained on thinking-off data: every setting is
+    decoded as trained (its plain name) and again with thinking on (``@thinking_on``), each prompt rendered in its
+    mode, each reported on its own."""
+    prompts = tmp_path / "eval.jsonl"
+    recs = [prompt(i, "chat", text) for i, text in enumerate(("Say hello.", "Name three colours.", "2 + 2?"))]
+    prompts.write_text("".join(r.to_json() + "\n" for r in recs))
+    params = eval_params(max_new_tokens=4, workers=1, thinking="both")
+    args = eval_args(tiny_target_dir, tiny_target_dir / "checkpoints", prompts, tmp_path)
+    stage = evaluate(params, args)
+    settings = {"greedy": "off", "sampled": "off", "greedy@thinking_on": "on", "sampled@thinking_on": "on"}
+    assert stage.details["enable_thinking"] is False  # the training data's
+    assert stage.details["thinking"] == {"template_has_thinking_mode": True, "settings": settings}
+    assert stage.details["sampling"]["greedy@thinking_on"] == {**stage.details["sampling"]["greedy"],
+                                                               "enable_thinking": True}
+    assert set(stage.details["splits"]["test"]) == set(settings)
+    metrics = json.loads(args.metrics.read_text())
+    assert set(settings) <= set(metrics) and metrics["lossless"] == 1.0  # greedy verified in both modes
+    # Each turn was rendered in its setting's mode: Qwen3's thinking-off prompt ends in an empty think block.
+    tok = AutoTokenizer.from_pretrained(tiny_target_dir / "model", local_files_only=True)
+    steps = [json.loads(x) for x in args.steps.read_text().splitlines()]
+    by_id = {r.id: r for r in recs}
+    assert len(steps) == 4 * len(recs)
+    for x in steps:
+        mode = settings[x["setting"]] == "on"
+        assert x["prompt_tokens"] == len(render_prompt(tok, by_id[x["id"]].messages, None, mode))
+    # ... and the two modes' prompts differ (else the split would tell nothing apart).
+    assert all(len(render_prompt(tok, r.messages, None, False)) != len(render_prompt(tok, r.messages, None, True))
+               for r in recs)
+
+
+def test_which_thinking_modes_are_decoded():
+    both, data = eval_params(thinking="both"), eval_params(thinking="data")
+    assert list(decoded_settings(both, False, True)) == ["greedy", "sampled", "greedy@thinking_on",
+                                                         "sampled@thinking_on"]
+    assert list(decoded_settings(both, True, True)) == ["greedy", "sampled", "greedy@thinking_off",
+                                                        "sampled@thinking_off"]
+    # Data of mixed modes (null: the template's own): both explicit modes besides.
+    assert [(k, s.thinking) for k, s in decoded_settings(both, None, True).items() if k.startswith("greedy")] == [
+        ("greedy", None), ("greedy@thinking_off", False), ("greedy@thinking_on", True)]
+    # A template without a thinking mode: nothing to tell apart, decoded once; `data` asks for the data's mode alone.
+    assert list(decoded_settings(both, False, False)) == list(decoded_settings(data, False, True)) == [
+        "greedy", "sampled"]

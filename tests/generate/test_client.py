@@ -6,11 +6,20 @@ import asyncio
 import json
 import socket
 
+import aiohttp
 import pytest
 from generate_helpers import gen_params
 from sglang_server import FakeSGLang, reply_for
 
-from draftline.generate.openai_client import ChatClient, RequestFailed, ServersDown, Transport, WrongModel, parse_reply
+from draftline.generate.openai_client import (
+    ChatClient,
+    RequestFailed,
+    ServersDown,
+    Transport,
+    WrongModel,
+    parse_reply,
+    server_engine,
+)
 
 BODY = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "temperature": 0.0,
         "chat_template_kwargs": {"enable_thinking": True}}
@@ -126,3 +135,36 @@ def test_servers_that_stay_down_stop_the_stage_naming_the_endpoint():
 def test_the_api_key_is_never_shown():
     t = Transport(4, 1.0, 0, 0.01, 0.05, 0, "s3cret-token")
     assert "s3cret-token" not in repr(t) and "s3cret-token" not in str(t)
+
+
+@pytest.mark.parametrize("engine,version", [("sglang", "0.5.4.post1"), ("vllm", "0.11.0"),
+                                            ("llama.cpp", "b7123-5c0bf8a")])
+def test_each_reply_names_the_engine_and_version_its_server_reports(engine, version):
+    with FakeSGLang(engine=engine, version=version) as srv:
+        r, _ = chat([srv.url])
+    assert r.engine == {"name": engine, "version": version}
+
+
+def test_a_server_that_does_not_report_its_version_or_engine_is_recorded_as_null():
+    with FakeSGLang(version=None) as srv:  # no /server_info nor /get_server_info: the engine alone
+        r, _ = chat([srv.url])
+    assert r.engine == {"name": "sglang", "version": None}
+
+    async def probe(url):
+        async with aiohttp.ClientSession() as session:
+            return await server_engine(session, url, {})
+
+    with socket.socket() as s:  # nothing listens there: no /v1/models to name an engine
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert asyncio.run(probe(closed)) == {"name": None, "version": None}
+
+
+def test_an_engine_the_caller_knows_is_recorded_without_asking():
+    async def go(url):
+        async with ChatClient([url], transport(), {"name": "llama.cpp", "version": "11434.0.0"}) as c:
+            return await c.chat(BODY, "p1.0")
+
+    with FakeSGLang() as srv:  # which would say sglang 0.5.4 if asked
+        r = asyncio.run(go(srv.url))
+    assert r.engine == {"name": "llama.cpp", "version": "11434.0.0"}

@@ -54,7 +54,7 @@ def test_each_reply_is_the_prompts_reference_and_prompts_without_one_are_counted
                               "completion_tokens": len(tok(q.reference, add_special_tokens=False)["input_ids"]) + 1}
         assert r["generation"] == {"backend": "dataset", "tokenizer_fingerprint": info.tokenizer_fingerprint,
                                    "model_fingerprint": info.model_fingerprint, "sampling": None,
-                                   "enable_thinking": False}
+                                   "enable_thinking": False, "engine": {"name": "dataset", "version": None}}
     assert rows[0]["usage"]["completion_tokens"] > DATASET["max_tokens"]  # never cut, never counted as truncated
     tokens = sum(r["usage"]["completion_tokens"] for r in rows)
     assert json.loads((tmp_path / "metrics/generate.json").read_text()) == {

@@ -25,7 +25,7 @@ from sglang_server import FakeSGLang, reply_for
 
 from draftline.core.params import ParamsError
 from draftline.core.runner import run_file
-from draftline.generate.journal import Journal
+from draftline.generate.journal import Journal, decode, encode
 from draftline.generate.openai_client import AuthError, ServersDown
 from draftline.generate.remote import request_body
 from draftline.generate.stage import run_generate
@@ -56,7 +56,7 @@ def test_exact_outputs_in_prompt_order(tmp_path):
                                    "model_fingerprint": "model-fp",
                                    "sampling": {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": -1,
                                                 "seed": 0},
-                                   "enable_thinking": False}
+                                   "enable_thinking": False, "engine": {"name": "sglang", "version": "0.5.4"}}
     tokens = sum(r["usage"]["completion_tokens"] for r in rows)
     # The metrics file is the headline alone; details go to the report, what varies between runs to the run file.
     assert json.loads(results["metrics/generate.json"]) == {"rows": 10, "failed": 0, "truncated": 0, "tokens": tokens,
@@ -121,6 +121,32 @@ def test_failures_recorded_then_retried_on_the_next_run(tmp_path):
         assert sorted(r["id"] for r in srv.requests) == sorted([bad, flaky])
     assert m.headline["rows"] == 6 and m.headline["failed"] == 0
     assert [r["id"] for r in read_rows(tmp_path)] == [q.id for q in prompts]
+
+
+def test_each_row_names_the_engine_that_answered_it_across_resumed_runs(tmp_path):
+    """The engine is read per journal entry, not per run: rows answered by an earlier server version keep it, and
+    an entry journaled before engines were recorded says null (unknown)."""
+    prompts = make_prompts(4)
+    old, new, legacy = prompts[0].id, prompts[1].id, prompts[2].id
+    with FakeSGLang(faults={new: ["400"]}, version="0.5.3") as srv:
+        p = sglang_params(srv.url)
+        run_in(make_project(tmp_path, prompts, p), p)
+    journal = Journal(next((tmp_path / "cache/generate").iterdir()))
+    entries = journal.load()
+    journal.close()
+    assert entries[old]["engine"] == {"name": "sglang", "version": "0.5.3"}
+    lines = journal.path.read_text().splitlines()
+    # The entry of `legacy` as a journal written before engines were recorded holds it (checksummed anew).
+    kept = [x for x in lines if decode(x.encode())["id"] != legacy]
+    stripped = {k: v for k, v in entries[legacy].items() if k not in ("engine", "xxh3")}
+    journal.path.write_text("\n".join(kept) + "\n" + encode(stripped).decode())
+    with FakeSGLang(version="0.5.4") as srv:  # the server upgraded: only the failed prompt is sent
+        run_in(tmp_path, {**p, "endpoints": [srv.url]})
+        assert [r["id"] for r in srv.requests] == [new]
+    engines = {r["id"]: r["generation"]["engine"] for r in read_rows(tmp_path)}
+    assert engines[old] == {"name": "sglang", "version": "0.5.3"}
+    assert engines[new] == {"name": "sglang", "version": "0.5.4"}
+    assert engines[legacy] is None
 
 
 def test_a_drafter_outside_the_tracked_folder_is_refused_before_anything_is_sent(tmp_path):

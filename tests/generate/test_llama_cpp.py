@@ -6,18 +6,23 @@ server starts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from pathlib import Path
 
+import aiohttp
 import pytest
 from generate_helpers import gen_params, make_prompts
 
 from draftline.core.chat import render
 from draftline.core.files import write_jsonl
+from draftline.core.gguf import served_target
+from draftline.core.launch import Server, launch_env, launches, server_command
 from draftline.core.runner import execute
 from draftline.drafter.config import DrafterMismatch
 from draftline.generate.journal import Journal
+from draftline.generate.openai_client import server_engine
 from draftline.generate.stage import GenerateArgs, run_generate
 
 pytestmark = pytest.mark.slow
@@ -80,10 +85,30 @@ def test_llama_server_generates_the_targets_greedy_replies_and_resumes(project, 
         assert r["messages"][-1]["content"] == greedy_reply(embedded_target, p.messages, 12), p.id
     key = json.loads(next((folder / "cache").glob("generate/*/key.json")).read_text())
     assert key["served"] == {"engine": "llama.cpp", "version": "11434.0.0", "gguf": "f32"}
+    # The pinned build the stage started (its own /props says b0-unknown: an sdist has no git history).
+    assert {r["generation"]["engine"]["version"] for r in got} == {"11434.0.0"}
     log = Path(m.run["server_log"])
     assert log.parent == folder and "llama" in log.read_text(errors="replace")
     again = run(folder, embedded_target, params())  # everything journaled: no server, no request
     assert again.run["resumed"] == 6 and again.run["requests"] == 0
+
+
+def test_the_real_llama_server_says_what_it_is_as_the_client_reads_it(project, embedded_target):
+    """``GET /v1/models`` (``owned_by: llamacpp``) and ``GET /props`` (``build_info``) of the pinned build, read by the
+    probe every endpoint gets: its build_info is b0-unknown, which is why a launched one records the pinned release."""
+    folder, _ = project
+    launch = gen_params(params()).launch
+    one = launches(launch)[0]
+    url = f"http://{one.host}:{one.port}"
+    gguf = str(served_target(embedded_target / "target.json", launch.llama_cpp.gguf_type))
+
+    async def probe() -> dict:
+        async with aiohttp.ClientSession() as session:
+            return await server_engine(session, url, {})
+
+    with Server(server_command(gguf, one, False, None, alias="target"), url, folder / "server.log",
+                health_timeout_s=120, env=launch_env(launch)):
+        assert asyncio.run(probe()) == {"name": "llama.cpp", "version": "b0-unknown"}
 
 
 def test_a_drafter_changes_the_speed_not_the_replies(project, embedded_target, monkeypatch):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+import transformers
 from generate_helpers import gen_params, make_prompts
 
 from draftline.core.chat import render
@@ -81,6 +83,8 @@ def test_local_backend_end_to_end_and_resume(tmp_path, embedded_target):
     assert row["usage"] == {"prompt_tokens": ids.shape[1], "completion_tokens": stop}
     assert row["finish_reason"] == ("stop" if any(t in stops for t in out) else "length")
     assert row["generation"]["backend"] == "local" and row["generation"]["enable_thinking"] is False
+    assert row["generation"]["engine"] == {"name": "transformers", "version": transformers.__version__,
+                                           "torch": torch.__version__}
 
     # Lose the journal's second half, as a crash would: the rerun regenerates only the missing batches
     # and writes the same bytes.

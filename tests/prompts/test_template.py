@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from draftline.core.chat import has_thinking
 from draftline.core.errors import Refusal
 from draftline.core.records import PromptRecord
 from draftline.core.skips import Skips
-from draftline.prompts.template import TOOLS_UNSUPPORTED, ToolPrompts, check_thinking, has_thinking
+from draftline.prompts.template import TOOLS_UNSUPPORTED, ToolPrompts, check_thinking
 
 
 def _tok(folder):

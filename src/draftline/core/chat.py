@@ -10,7 +10,8 @@ thinking arguments. Invariants:
   differently from an absent one; :func:`template_kwargs` is also what a request sends as ``chat_template_kwargs``;
 - the input messages are never modified;
 - tools are never dropped silently: a template that cannot render them (:func:`renders_tools`, e.g. SmolLM2's
-  ChatML) refuses a conversation that offers tools (:class:`ToolsNotRendered`) instead of rendering it without.
+  ChatML) refuses a conversation that offers tools (:class:`ToolsNotRendered`) instead of rendering it without;
+- whether a template has a thinking mode at all (:func:`has_thinking`) is probed on the template, never assumed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ _PROBE_TOOL: Tool = {"type": "function", "function": {
     "name": "draftline_probe_tool", "description": "Draftline probe tool description",
     "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
 _RENDERS_TOOLS: dict[str, bool] = {}  # per chat template text
+
+
+_PROBE = [{"role": "user", "content": "Hi."}]
+_REASONING = "draftline probe reasoning"
+
+
+def has_thinking(tokenizer: Any) -> bool:
+    """Whether the template has a thinking mode: its generation prompt reacts to ``enable_thinking`` (Qwen3's
+    hybrid template), or it writes an assistant turn's ``reasoning_content`` (a thinking-only template, whose
+    prompt opens ``<think>`` whatever the flag)."""
+
+    def text(messages: list, generation_prompt: bool, thinking: bool | None) -> str:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False,
+                                             **template_kwargs(thinking))
+
+    if text(_PROBE, True, True) != text(_PROBE, True, False):
+        return True
+    reply = {"role": "assistant", "content": "Hello.", "reasoning_content": _REASONING}
+    return _REASONING in text([*_PROBE, reply], False, None)
 
 
 class ToolsNotRendered(Refusal):

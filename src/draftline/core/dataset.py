@@ -33,6 +33,9 @@ token. A sidecar, not a column: the shard files keep exactly the schema that ``d
 speculators read, and a shard written before keys were recorded is still the same file (it gains a sidecar,
 hashed once, when it is next carried).
 
+How each shard's rows were made (target, engine, sampling, thinking mode) is recorded the same way, beside the
+rows and not in them: as runs in its :class:`ShardInfo` (:mod:`draftline.core.provenance`), carried with the shard.
+
 A training set (``data/merged``) adds ``order.npy``, an int64 permutation of its rows (row ``order[k]`` is
 trained k-th): :func:`training_order` makes it, :func:`load_training_set` reads the folder and checks it.
 """
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,7 @@ from draftline.core.errors import MissingInput, Refusal
 from draftline.core.files import atomic_path, write_json
 from draftline.core.fingerprint import file_xxh3_128, folder_fingerprint
 from draftline.core.logs import get_logger
+from draftline.core.provenance import runs
 
 log = get_logger(__name__)
 
@@ -118,11 +122,14 @@ class ShardInfo:
     token_id_max: int | None = None
     # xxh3-128 of the shard's prompt-key sidecar (:func:`keys_path`); None where none was recorded.
     keys_xxh3_128: str | None = None
+    # How its rows were made, as runs in row order (:mod:`draftline.core.provenance`); None where none was recorded.
+    provenance: list[dict[str, Any]] | None = None
 
     @classmethod
-    def of(cls, table: pa.Table, path: Path) -> "ShardInfo":
+    def of(cls, table: pa.Table, path: Path, provenance: Sequence[str | None] | None = None) -> "ShardInfo":
         """The info of shard file ``path`` holding ``table``: counted from the table, hashed from the file; its
-        prompt keys are written beside it (:func:`keys_path`) and their checksum recorded."""
+        prompt keys are written beside it (:func:`keys_path`) and their checksum recorded; ``provenance`` (one
+        encoded provenance per row, or None) recorded as runs."""
         keys = prompt_key_digests(table).tobytes()
         with atomic_path(keys_path(path)) as tmp:
             tmp.write_bytes(keys)
@@ -135,6 +142,8 @@ class ShardInfo:
             xxh3_128=file_xxh3_128(path),
             **token_id_range(table),
             keys_xxh3_128=xxhash.xxh3_128_hexdigest(keys),
+            provenance=None if provenance is None or all(p is None for p in provenance)
+            else runs(provenance, table.column("num_tokens").to_numpy()),
         )
 
 
@@ -342,12 +351,18 @@ class ShardWriter:
         self.max_shard_bytes = max_shard_bytes
         self.prefix = prefix
         self._pending: list[pa.Table] = []
+        self._provenance: list[str | None] = []  # of the pending rows
         self._pending_bytes = 0
         self._written: list[ShardInfo] = []
 
-    def add(self, table: pa.Table) -> None:
+    def add(self, table: pa.Table, provenance: Sequence[str | None] | None = None) -> None:
+        """Rows to write; ``provenance``: each row's encoded provenance (:mod:`draftline.core.provenance`), or None
+        where the rows recorded none."""
         if not table.schema.equals(SCHEMA):
             table = table.cast(SCHEMA)
+        provenance = [None] * table.num_rows if provenance is None else list(provenance)
+        if len(provenance) != table.num_rows:
+            raise ValueError(f"ShardWriter.add: {len(provenance)} provenances for {table.num_rows} rows")
         sizes = _row_bytes(table)
         start = 0
         while start < len(sizes):
@@ -358,6 +373,7 @@ class ShardWriter:
                 take = 1
             if take:
                 self._pending.append(table.slice(start, take))
+                self._provenance += provenance[start : start + take]
                 self._pending_bytes += int(cum[take - 1])
                 start += take
             if start < len(sizes):
@@ -373,10 +389,10 @@ class ShardWriter:
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
             for start in range(0, table.num_rows, BATCH_ROWS):
                 writer.write_table(_canonical(table.slice(start, BATCH_ROWS)))
-        self._written.append(ShardInfo.of(table, path))
+        self._written.append(ShardInfo.of(table, path, self._provenance))
         for t in self._pending:  # rows carried from a memory-mapped source: read, so no longer needed resident
             drop_pages(t)
-        self._pending, self._pending_bytes = [], 0
+        self._pending, self._provenance, self._pending_bytes = [], [], 0
 
     def close(self) -> list[ShardInfo]:
         """Write the last shard and give every shard its final name. An empty stream still gets one shard,
@@ -542,19 +558,21 @@ def drop_pages(table: pa.Table) -> None:
 
 def write_dataset(
     path: str | os.PathLike,
-    tables: Iterable[pa.Table],
+    tables: Iterable[pa.Table | tuple[pa.Table, Sequence[str | None]]],
     meta: DatasetMeta,
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> DatasetMeta:
     """Write a whole dataset folder atomically: shards, ``state.json``, ``dataset_info.json``, ``draftline.json``.
 
+    ``tables``: row tables, or ``(table, provenance)`` with each row's encoded provenance (:meth:`ShardWriter.add`).
     The folder appears only when complete (written under a temporary name, then renamed). Returns ``meta``
     with its shards and totals filled in.
     """
     with atomic_path(path) as tmp:
         writer = ShardWriter(tmp, max_shard_bytes)
-        for table in tables:
-            writer.add(table)
+        for item in tables:
+            table, provenance = item if isinstance(item, tuple) else (item, None)
+            writer.add(table, provenance)
         meta.set_shards(writer.close())
         write_folder_index(tmp, [s.filename for s in meta.shards])
         write_meta(tmp, meta)

@@ -38,16 +38,18 @@ class Decoder:
     proposer: Proposer
     stop_ids: set[int]
     params: EvalParams
-    enable_thinking: bool | None
+    enable_thinking: bool | None  # the training data's mode (null: the template's own); a request names its own
 
-    def request(self, setting: str, sampling: Sampling, req: Request, skips: Skips) -> list[TurnResult]:
-        """Every turn of ``req``, each next user turn after the target's own reply; a turn that cannot be rendered
-        or is too long is a counted skip and ends the request (its later turns would lack their context)."""
+    def request(self, setting: str, sampling: Sampling, req: Request, thinking: bool | None,
+                skips: Skips) -> list[TurnResult]:
+        """Every turn of ``req`` rendered in ``thinking`` mode, each next user turn after the target's own reply; a
+        turn that cannot be rendered or is too long is a counted skip and ends the request (its later turns would
+        lack their context)."""
         messages, results = list(req.prefix), []
         for turn, user in enumerate(req.turns):
             messages.append(user)
             try:
-                ids = render_prompt(self.tokenizer, messages, req.tools, self.enable_thinking)
+                ids = render_prompt(self.tokenizer, messages, req.tools, thinking)
             except Exception as e:  # a template error names one bad prompt; the rest still count
                 skips.add("chat template failed", f"{req.id}#{turn}", f"{type(e).__name__}: {e}")
                 break

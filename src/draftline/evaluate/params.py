@@ -41,11 +41,12 @@ class IntervalParams(Params):
 
 @dataclass(frozen=True)
 class EvalParams(Params):
-    """``params.yaml: evaluate`` (see docs/evaluate.md). The thinking mode is not a param: it is the training
-    data's, read from the drafter's lineage."""
+    """``params.yaml: evaluate`` (see docs/evaluate.md). The thinking mode of the plain settings is not a param: it
+    is the training data's, read from the drafter's lineage; ``thinking: both`` adds the other mode apart."""
 
     sampling: dict[str, SamplingParams]
     seed: int
+    thinking: Literal["both", "data"]
     intervals: IntervalParams
     sets: dict[str, SourceSpec]
     max_new_tokens: int

@@ -42,8 +42,8 @@ class WorkerDied(Refusal, RuntimeError):
     """A decoding worker process ended without a result: the message says what to do."""
 
 
-# One unit of work: a setting's name, its sampling, and a request.
-Job = tuple[str, Sampling, Request]
+# One unit of work: a setting's name, its sampling, a request, and the thinking mode to render it in.
+Job = tuple[str, Sampling, Request, bool | None]
 
 
 class SkipRecord:

@@ -2,12 +2,14 @@
 verified by the target, under every decoding setting of ``evaluate.sampling`` (greedy and sampled).
 
 For every request, rendered exactly as the generate stage sent prompts to the target (in the training data's
-thinking mode), the target verifies the drafter's blocks: greedy by argmax, sampled by rejection sampling (the
-output keeps the target's distribution, :mod:`draftline.drafter.decoding`). Greedy settings also check every
-output against target-only greedy decoding (``lossless``): each token must be the target's argmax given the tokens
-before it, read from one forward of the target over the prompt and the output (``greedy_reference``: what the
-target alone emits, at one forward instead of one per token; a third of the stage's time before). What the drafter is worth is its acceptance: z-lab's
-figure (the one model cards quote) and the pooled tau, per set and per source (:mod:`draftline.evaluate.report`).
+thinking mode; with ``evaluate.thinking: both`` and a target whose template has a thinking mode, also in the other
+mode, as settings of their own: thinking on and off are reported apart, :func:`decoded_settings`), the target
+verifies the drafter's blocks: greedy by argmax, sampled by rejection sampling (the output keeps the target's
+distribution, :mod:`draftline.drafter.decoding`). Greedy settings also check every output against target-only
+greedy decoding (``lossless``): each token must be the target's argmax given the tokens before it, read from one
+forward of the target over the prompt and the output (``greedy_reference``: what the target alone emits, at one
+forward instead of one per token; a third of the stage's time before). What the drafter is worth is its acceptance:
+z-lab's figure (the one model cards quote) and the pooled tau, per set and per source (:mod:`draftline.evaluate.report`).
 Training accuracy says little: a render or thinking-mode mismatch keeps it high while acceptance collapses.
 
 Requests are decoded one at a time (:mod:`draftline.evaluate.decoder`), on ``evaluate.workers`` processes
@@ -30,6 +32,7 @@ import xxhash
 from tqdm import tqdm
 
 from draftline.core import requests as core_requests
+from draftline.core.chat import has_thinking
 from draftline.core.errors import Refusal
 from draftline.core.files import atomic_path, write_csv, write_jsonl
 from draftline.core.logs import get_logger
@@ -42,7 +45,7 @@ from draftline.core.target import load_target
 from draftline.core.threads import torch_threads
 from draftline.drafter.decoding import Sampling
 from draftline.evaluate.decoder import Decoder, build_decoder
-from draftline.evaluate.params import EvalParams
+from draftline.evaluate.params import EvalParams, SamplingParams
 from draftline.evaluate.pool import decode_all
 from draftline.evaluate.report import (
     ACCEPTANCE_COLUMNS,
@@ -86,13 +89,34 @@ def load_requests(p: EvalParams, args: EvalArgs, skips: Skips) -> list[Request]:
     return core_requests.load_requests(args.prompts, args.sets, p.sets, p.max_prompts_per_source, skips)
 
 
-def decode(decoder: Decoder, p: EvalParams, requests: list[Request], skips: Skips) -> dict[str, list[TurnResult]]:
-    """Every request under every setting of ``evaluate.sampling``, on ``evaluate.workers`` processes; the turn results
-    per setting, in request order (the same for any number of workers)."""
-    jobs = [(name, Sampling(s.temperature, s.top_p, s.top_k), req) for name, s in p.sampling.items() for req in requests]
-    results: dict[str, list[TurnResult]] = {name: [] for name in p.sampling}
+@dataclass(frozen=True)
+class Setting:
+    """One decoded setting: a sampling of ``evaluate.sampling`` and the thinking mode its prompts are rendered in."""
+
+    sampling: SamplingParams
+    thinking: bool | None
+
+
+def decoded_settings(p: EvalParams, data_thinking: bool | None, template_thinks: bool) -> dict[str, Setting]:
+    """``evaluate.sampling``'s settings in the training data's thinking mode, under their own names; with
+    ``thinking: both`` and a template that has a thinking mode, each again in every other explicit mode, named
+    ``<setting>@thinking_on`` or ``@thinking_off`` (a template without one: nothing to tell apart, decoded once)."""
+    modes = [data_thinking]
+    if p.thinking == "both" and template_thinks:
+        modes += [m for m in (False, True) if m is not data_thinking]
+    return {name if m is data_thinking else f"{name}@thinking_{'on' if m else 'off'}": Setting(s, m)
+            for m in modes for name, s in p.sampling.items()}
+
+
+def decode(decoder: Decoder, p: EvalParams, settings: dict[str, Setting], requests: list[Request],
+           skips: Skips) -> dict[str, list[TurnResult]]:
+    """Every request under every setting, on ``evaluate.workers`` processes; the turn results per setting, in
+    request order (the same for any number of workers)."""
+    jobs = [(name, Sampling(st.sampling.temperature, st.sampling.top_p, st.sampling.top_k), req, st.thinking)
+            for name, st in settings.items() for req in requests]
+    results: dict[str, list[TurnResult]] = {name: [] for name in settings}
     bar = tqdm(decode_all(jobs, decoder, p.num_workers(), skips), total=len(jobs), desc="evaluate", unit="request")
-    for i, ((name, _, _), turns) in enumerate(zip(jobs, bar), 1):
+    for i, ((name, *_), turns) in enumerate(zip(jobs, bar), 1):
         results[name] += turns
         if i % 32 == 0 or i == len(jobs):  # the figure reads every turn so far: at every request, ~7 s of a run
             bar.set_postfix({setting: f"{figures(rs)['acceptance'] or 0:.2f}" for setting, rs in results.items() if rs})
@@ -100,7 +124,7 @@ def decode(decoder: Decoder, p: EvalParams, requests: list[Request], skips: Skip
 
 
 def run_evaluate(p: EvalParams, args: EvalArgs, stage: StageRun) -> None:
-    """The evaluate stage: for every setting of ``evaluate.sampling``, every request decoded with the drafter
+    """The evaluate stage: for every decoded setting (:func:`decoded_settings`), every request decoded with the drafter
     (and greedy, checked against the target alone); the plots, the per-step file, and ``stage`` filled (headline per setting: z-lab's
     acceptance per set, the held-out tau, the weakest source; the report every figure; the run file the wall clock).
 
@@ -122,17 +146,21 @@ def run_evaluate(p: EvalParams, args: EvalArgs, stage: StageRun) -> None:
 def _evaluate(p: EvalParams, info: TargetInfo, args: EvalArgs, requests: list[Request], stage: StageRun) -> None:
     decoder = build_decoder(info, args.checkpoint, p)
     block_size, thinking = decoder.proposer.block_size, decoder.enable_thinking
+    template_thinks = has_thinking(decoder.tokenizer)
+    settings = decoded_settings(p, thinking, template_thinks)
     log.info("evaluating %d requests (%s) under %s, block size %d, enable_thinking=%s (the training data's) on %s",
              len(requests), ", ".join(f"{k}: {v}" for k, v in Counter(r.set for r in requests).items()),
-             ", ".join(p.sampling), block_size, thinking, decoder.target.device)
+             ", ".join(settings), block_size, thinking, decoder.target.device)
     started = time.perf_counter()
-    results = decode(decoder, p, requests, stage.skips)
+    results = decode(decoder, p, settings, requests, stage.skips)
     if not any(results.values()):
         raise Refusal(f"every eval prompt was skipped ({stage.skips.as_dict()}): raise evaluate.max_prompt_tokens?")
     splits = summarize(results, block_size, p.intervals)
     stage.details.update(splits=splits, block_size=block_size, max_new_tokens=p.max_new_tokens,
                          enable_thinking=thinking, requests=request_counts(requests),
-                         **identity(p, info, requests, decoder.target))
+                         thinking={"template_has_thinking_mode": template_thinks,
+                                   "settings": {name: thinking_label(st.thinking) for name, st in settings.items()}},
+                         **identity(p, info, requests, decoder.target, settings, thinking))
     stage.headline.update(headline(stage.details))
     stage.run.update(decode_seconds=round(time.perf_counter() - started, 2))
     write_plots(args, results, splits, block_size)
@@ -156,12 +184,19 @@ def request_counts(requests: list[Request]) -> dict[str, dict[str, int]]:
             for split in sorted({r.split for r in requests})}
 
 
-def identity(p: EvalParams, info: TargetInfo, requests: list[Request], target: Any) -> dict[str, Any]:
+def thinking_label(thinking: bool | None) -> str:
+    """How the report names a setting's thinking mode (None: the template's own, for data of mixed modes)."""
+    return "template default" if thinking is None else "on" if thinking else "off"
+
+
+def identity(p: EvalParams, info: TargetInfo, requests: list[Request], target: Any, settings: dict[str, Setting],
+             data_thinking: bool | None) -> dict[str, Any]:
     """What makes two evaluations comparable request by request (``draftline compare`` refuses a mismatch by name):
     the target, the prompts (a hash of every request as decoded, and ``max_prompt_tokens``, which decides which were
     decoded), the dtype and kind of device the loaded ``target`` computes in (as resolved: ``auto`` is what it
-    became), each setting's sampling, and how the intervals were drawn. The device's kind (``cpu``, ``cuda``), not
-    its index: the index names a card, not how it computes."""
+    became), each setting's sampling (and the thinking mode of one not in the training data's), and how the
+    intervals were drawn. The device's kind (``cpu``, ``cuda``), not its index: the index names a card, not how it
+    computes."""
     prompts = xxhash.xxh64()
     for r in requests:
         prompts.update(json.dumps([r.set, r.source, r.id, r.prefix, r.turns, r.tools], sort_keys=True).encode())
@@ -169,7 +204,9 @@ def identity(p: EvalParams, info: TargetInfo, requests: list[Request], target: A
     return {"target": {"model_fingerprint": info.model_fingerprint, "tokenizer_fingerprint": info.tokenizer_fingerprint},
             "prompts": {"fingerprint": prompts.hexdigest(), "requests": len(requests)},
             "max_prompt_tokens": p.max_prompt_tokens, "dtype": str(target.dtype).removeprefix("torch."),
-            "device": target.device.type, "sampling": {name: asdict(s) for name, s in p.sampling.items()},
+            "device": target.device.type,
+            "sampling": {name: asdict(st.sampling) if st.thinking is data_thinking
+                         else {**asdict(st.sampling), "enable_thinking": st.thinking} for name, st in settings.items()},
             "intervals": asdict(p.intervals)}
 
 

@@ -36,6 +36,8 @@ from draftline.generate.turns import split_turns
 from draftline.generate.work import Work
 
 FINISH_REASON = "dataset"
+# The engine every passed-through reply records: none ran; the row's ``source`` names the dataset.
+ENGINE = {"name": "dataset", "version": None}
 NO_REFERENCE, MULTI_TURN = "no_reference", "multi_turn"
 CHUNK = 1000  # prompts counted and journaled together
 
@@ -80,7 +82,7 @@ def _passed_through(p: PromptRecord, n_prompt: int, n_out: int) -> dict[str, Any
     """The journal entry of ``p`` answered by its reference (``thinking`` off: the dataset's answer has no
     reasoning apart, so the check for empty reasoning does not apply)."""
     reply = ChatResult(message={"role": "assistant", "content": p.reference}, finish_reason=FINISH_REASON,
-                       usage={"prompt_tokens": n_prompt, "completion_tokens": n_out})
+                       usage={"prompt_tokens": n_prompt, "completion_tokens": n_out}, engine=ENGINE)
     entry = Regeneration(p, thinking=False).take(reply)
     assert entry is not None  # a single-turn prompt ends at its first reply (answerable keeps no other)
     return entry

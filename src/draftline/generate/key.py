@@ -30,6 +30,7 @@ import xxhash
 from draftline.core.fingerprint import code_digest
 from draftline.core.jsonl import dumps
 from draftline.core.llama_cpp import VERSION as LLAMA_CPP_VERSION
+from draftline.core.provenance import model_identity
 from draftline.core.records import PromptRecord, TargetInfo
 from draftline.generate.params import GenerateParams
 
@@ -39,7 +40,7 @@ def journal_decides(s: GenerateParams, info: TargetInfo, prompts: Sequence[Promp
     """The journal key's content (``key.json`` beside the journal records it); ``prompts`` enter it only for the
     ``dataset`` backend, the served GGUF (``target_json``'s) only for a launched llama.cpp."""
     target = {"tokenizer_fingerprint": info.tokenizer_fingerprint,
-              "model_fingerprint": info.model_fingerprint or f"path:{info.path}"}
+              "model_fingerprint": model_identity(info)}
     if s.backend == "dataset":
         pairs = sorted([(p.id, p.reference) for p in prompts], key=lambda pair: pair[0])
         references = xxhash.xxh3_128_hexdigest(dumps(pairs).encode("utf-8"))

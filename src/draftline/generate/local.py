@@ -71,6 +71,7 @@ class LocalBackend:
         self.pad_id = pad
         self.think_start = info.think_start_token or "<think>"
         self.think_end = info.think_end_token or "</think>"
+        self.engine = local_engine()
 
     def generate(self, requests: list[tuple[list[Message], list[Tool] | None]]) -> list[ChatResult]:
         """One batched ``model.generate`` over the requests (left-padded), one :class:`ChatResult` each."""
@@ -146,4 +147,12 @@ class LocalBackend:
             message["tool_calls"] = calls
             finish = "tool_calls" if finish == "stop" else finish  # as the server reports a reply that calls tools
         return ChatResult(message=message, finish_reason=finish,
-                          usage={"prompt_tokens": n_prompt, "completion_tokens": n_out})
+                          usage={"prompt_tokens": n_prompt, "completion_tokens": n_out}, engine=self.engine)
+
+
+def local_engine() -> dict[str, str]:
+    """What computes the replies in-process, recorded on every one: transformers and torch, by version."""
+    import torch
+    import transformers
+
+    return {"name": "transformers", "version": transformers.__version__, "torch": torch.__version__}

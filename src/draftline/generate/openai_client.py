@@ -4,7 +4,9 @@ Several endpoints, ``concurrency`` requests in flight on each, every request sen
 with a free slot. Transport errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter, and
 an endpoint that just failed that way cools down so that its siblings take the load; any other 4xx (a prompt
 longer than the context, say) fails at once, because sending it again cannot help. What no retry can get past stops
-the stage (:class:`StageStop`): a refused API key, servers that stay down, a reply from another model.
+the stage (:class:`StageStop`): a refused API key, servers that stay down, a reply from another model. Each reply
+carries the engine and version its server reported when the client opened (:func:`server_engine`), asked once per
+endpoint over the engines' own routes; a server that does not say is recorded as null, never refused.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import aiohttp
 
 from draftline.core.errors import Refusal
 from draftline.core.llama_cpp import spec_stats as llama_cpp_spec_stats
+from draftline.core.logs import get_logger
 from draftline.core.params import ParamsError
 from draftline.generate.params import GenerateParams
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -34,6 +39,8 @@ class ChatResult:
     # With a drafter: verification steps and the tokens they produced (the prefill's first token not counted);
     # from the local loop, SGLang's meta_info (spec_verify_ct) or llama.cpp's timings. None without one.
     speculative: dict[str, int] | None = None
+    # What answered: {"name", "version", ...} (:func:`server_engine` for a server); None where it is not known.
+    engine: dict[str, Any] | None = None
 
 
 class RequestFailed(Exception):
@@ -73,6 +80,15 @@ class Endpoint:
     sent: int = 0
     cool_until: float = 0.0
     failures: int = field(default=0)
+    engine: dict[str, Any] | None = None  # what the server said it is, when the client opened
+
+
+# The engine a server names as the ``owned_by`` of its ``/v1/models`` entries (SGLang's, vLLM's and llama.cpp's
+# ModelCard), and where each reports its version: SGLang's ``/server_info`` (``/get_server_info`` before it was
+# renamed) and vLLM's ``/version`` give ``version``, llama-server's ``/props`` its ``build_info`` (``b<build>-<commit>``).
+ENGINES = {"sglang": "sglang", "vllm": "vllm", "llamacpp": "llama.cpp"}
+VERSION_ROUTES = {"sglang": (("/server_info", "version"), ("/get_server_info", "version")),
+                  "vllm": (("/version", "version"),), "llama.cpp": (("/props", "build_info"),)}
 
 
 def parse_reply(body: dict[str, Any]) -> ChatResult:
@@ -128,13 +144,16 @@ class Transport:
 
 
 class ChatClient:
-    """Use as ``async with ChatClient(endpoints, transport) as c: result = await c.chat(body, request_id)``."""
+    """Use as ``async with ChatClient(endpoints, transport) as c: result = await c.chat(body, request_id)``.
 
-    def __init__(self, endpoints: list[str], transport: Transport):
+    Every reply names the engine of the endpoint that gave it: ``engine`` where the caller knows it (a server it
+    started from a pinned build), else what each server says when the client opens (:func:`server_engine`)."""
+
+    def __init__(self, endpoints: list[str], transport: Transport, engine: dict[str, Any] | None = None):
         if not endpoints:
             raise ParamsError("params.yaml: generate.endpoints is empty: list at least one server URL, "
                               "e.g. http://127.0.0.1:30000")
-        self.endpoints = [Endpoint(u.rstrip("/")) for u in endpoints]
+        self.endpoints = [Endpoint(u.rstrip("/"), engine=engine) for u in endpoints]
         self.concurrency = transport.concurrency
         self.timeout = aiohttp.ClientTimeout(total=transport.timeout_s)
         self.retries = transport.retries
@@ -149,6 +168,14 @@ class ChatClient:
 
     async def __aenter__(self) -> "ChatClient":
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.concurrency)
+        unknown = [e for e in self.endpoints if e.engine is None]
+        # A session of its own: a connection it left open would let the first request overtake the others.
+        async with aiohttp.ClientSession(timeout=self.timeout) as probe:
+            engines = await asyncio.gather(*(server_engine(probe, e.url, self._headers) for e in unknown))
+        for ep, engine in zip(unknown, engines):
+            ep.engine = engine
+            log.info("%s serves with %s %s", ep.url, engine["name"] or "an engine it does not name",
+                     engine["version"] or "(version not reported)")
         self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self
 
@@ -250,7 +277,31 @@ class ChatClient:
             )
         if result.finish_reason == "abort":
             raise RequestFailed("abort", f"{ep.url}: the server aborted the request", True)
+        result.engine = ep.engine
         return result
+
+
+async def server_engine(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> dict[str, Any]:
+    """``{"name", "version"}`` of the server at ``url`` as it reports them (:data:`ENGINES`, :data:`VERSION_ROUTES`);
+    null where it does not (another server, a route it lacks, no answer): the stage goes on, the rows say unknown."""
+    models = await _get_json(session, url + "/v1/models", headers)
+    owned = next((m.get("owned_by") for m in (models or {}).get("data") or [] if isinstance(m, dict)), None)
+    name = ENGINES.get(owned, owned) if isinstance(owned, str) else None
+    for route, key in VERSION_ROUTES.get(name, ()):
+        info = await _get_json(session, url + route, headers)
+        if info and info.get(key):
+            return {"name": name, "version": str(info[key])}
+    return {"name": name, "version": None}
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> dict[str, Any] | None:
+    """The JSON object a GET of ``url`` answers with; None for anything else (an error, no answer, not JSON)."""
+    try:
+        async with session.get(url, headers=headers) as resp:
+            body = json.loads(await resp.read()) if resp.status == 200 else None
+    except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _error_message(raw: bytes) -> str:

@@ -5,7 +5,8 @@ reply to every user turn, and only then yields its journal entry (status ``ok`` 
 :meth:`Regeneration.partial` is what may be journaled. A conversation resumed from a ``partial`` or ``failed`` entry
 starts after its last finished turn, so no finished request is sent again, and its usage keeps counting from there.
 With thinking on, a reply whose answer or reasoning is empty fails as ``empty`` (a server without the reasoning
-parser leaves the reasoning in the content).
+parser leaves the reasoning in the content). Every entry names the engine that answered its latest turn
+(``engine``), which the completion records.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class Regeneration:
         self.usage = dict(prior["usage"]) if prior else {"prompt_tokens": 0, "completion_tokens": 0}
         # Speed, not result: kept in the journal entry beside the record, never in the completions.
         self.speculative: dict[str, int] | None = dict(prior["speculative"]) if prior and prior.get("speculative") else None
+        # The engine (and its version) that answered the latest turn; a journal written before engines were
+        # recorded has none.
+        self.engine: dict[str, Any] | None = prior.get("engine") if prior else None
 
     def next_request(self) -> list[dict[str, Any]]:
         return request_messages(self.head, self.turns, self.replies, len(self.replies))
@@ -37,12 +41,15 @@ class Regeneration:
     def _entry(self, status: str, finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
         if self.speculative is not None:
             extra["speculative"] = dict(self.speculative)
+        if self.engine is not None:
+            extra["engine"] = self.engine
         return {"id": self.prompt.id, "status": status, "replies": self.replies, "finish_reason": finish_reason,
                 "usage": dict(self.usage), **extra}
 
     def take(self, r: ChatResult) -> dict[str, Any] | None:
         for k in self.usage:
             self.usage[k] += r.usage.get(k, 0)
+        self.engine = r.engine or self.engine
         if r.speculative is not None:
             spec = self.speculative or {"turns": 0, "steps": 0, "tokens": 0}
             self.speculative = {"turns": spec["turns"] + 1, "steps": spec["steps"] + r.speculative["steps"],

@@ -69,9 +69,11 @@ def request_body(s: GenerateParams, model: str) -> dict[str, Any]:
     return body
 
 
-async def generate_remote(work: Work, s: GenerateParams, endpoints: list[str], model: str) -> dict[str, int]:
-    """Send ``work``'s pending prompts to ``endpoints`` asking for ``model``; journal every result. Returns the
-    requests sent and the retries they took."""
+async def generate_remote(work: Work, s: GenerateParams, endpoints: list[str], model: str,
+                          engine: dict[str, Any] | None = None) -> dict[str, int]:
+    """Send ``work``'s pending prompts to ``endpoints`` asking for ``model``; journal every result with the engine
+    that answered it (``engine`` where the caller knows it, else what each server reports). Returns the requests
+    sent and the retries they took."""
     pending = work.plan.pending
     first = start_at(len(pending), work.journal.join())
     pending = pending[first:] + pending[:first]
@@ -106,7 +108,7 @@ async def generate_remote(work: Work, s: GenerateParams, endpoints: list[str], m
             if not work.journal.done(p.id):  # another writer of a shared journal may have finished it meanwhile
                 await converse(p)
 
-    async with ChatClient(endpoints, Transport.of(s)) as client:
+    async with ChatClient(endpoints, Transport.of(s), engine) as client:
         try:
             n_workers = min(len(pending), s.concurrency * len(endpoints))
             await asyncio.gather(*(worker() for _ in range(n_workers)))

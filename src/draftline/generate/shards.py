@@ -25,7 +25,8 @@ def is_truncated(entry: dict[str, Any]) -> bool:
 
 
 def completion_record(prompt: PromptRecord, entry: dict[str, Any], generation: dict[str, Any]) -> CompletionRecord:
-    """The prompt with the target's replies in place: every user turn followed by its reply."""
+    """The prompt with the target's replies in place: every user turn followed by its reply; ``generation`` with
+    the engine its journal entry names (null for an entry journaled before engines were recorded)."""
     head, turns = split_turns(prompt.messages)
     messages = list(head)
     for turn, reply in zip(turns, entry["replies"]):
@@ -34,7 +35,7 @@ def completion_record(prompt: PromptRecord, entry: dict[str, Any], generation: d
     return CompletionRecord(
         id=prompt.id, source=prompt.source, row=prompt.row, messages=messages, tools=prompt.tools,
         reference=prompt.reference, finish_reason=entry["finish_reason"], usage=entry["usage"],
-        generation=generation,
+        generation={**generation, "engine": entry.get("engine")},
     )
 
 

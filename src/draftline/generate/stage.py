@@ -21,6 +21,7 @@ from typing import Any
 
 from draftline.core.gguf import served_drafter, served_target
 from draftline.core.launch import Draft, Server, launch_env, launches, server_command
+from draftline.core.llama_cpp import VERSION as LLAMA_CPP_VERSION
 from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo, read_prompts
 from draftline.core.runner import StageArgs, StageRun
@@ -67,8 +68,10 @@ def dispatch(work: Work, s: GenerateParams, info: TargetInfo, target_json: Path,
     if s.launch is None:
         return asyncio.run(generate_remote(work, s, s.endpoints, model))
     cfg = s.launch
-    served, draft = info.path, Draft.of(s.draft_model) if s.draft_model else None
+    served, draft, engine = info.path, Draft.of(s.draft_model) if s.draft_model else None, None
     if cfg.engine == "llama.cpp":
+        # The pinned build: its own /props says b0-unknown (an sdist carries no git history to number it by).
+        engine = {"name": "llama.cpp", "version": LLAMA_CPP_VERSION}
         served = str(served_target(target_json, cfg.llama_cpp.gguf_type))
         if draft is not None:
             draft = Draft(str(served_drafter(s.draft_model, info, cfg.llama_cpp.gguf_type)), draft.block_size)
@@ -78,7 +81,7 @@ def dispatch(work: Work, s: GenerateParams, info: TargetInfo, target_json: Path,
             urls.append(f"http://{one.host}:{one.port}")
             servers.enter_context(Server(server_command(served, one, s.enable_thinking, draft, alias=model), urls[-1],
                                          server_log, health_timeout_s=cfg.health_timeout_s, env=launch_env(cfg)))
-        return asyncio.run(generate_remote(work, s, urls, model))
+        return asyncio.run(generate_remote(work, s, urls, model, engine))
 
 
 def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None:
@@ -120,8 +123,9 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
         journal.close()
 
     check_truncated(prompts, entries, p.max_truncated_share, p.max_tokens)  # before anything is written
+    # sampling: null where nothing was sampled; each row adds the engine its journal entry names
     generation: dict[str, Any] = {"backend": p.backend, **decides["target"], "sampling": decides.get("sampling"),
-                                  "enable_thinking": p.enable_thinking}  # sampling: null where nothing was sampled
+                                  "enable_thinking": p.enable_thinking}
     records, n_failed = write_outputs(args.out, prompts, entries, generation, p)
     stage.details.update(summarize(prompts, entries, records))
     stage.headline.update(headline(stage.details))

@@ -20,6 +20,7 @@ class MergeParams(Params):
     drop_columns: list[str]
     seed: int
     carry: Literal["auto", "reflink", "hardlink", "copy"]
+    allow_other_target: bool
 
     def validate(self, where: str) -> None:
         if self.check_rows < 0 or not 0.0 <= self.check_min_match <= 1.0:

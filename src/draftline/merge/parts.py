@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftline.core import dataset as fmt
+from draftline.core import provenance
 from draftline.core.errors import MissingInput
 from draftline.core.stats import Sources, mix_stats
 from draftline.merge.foreign import export_claim, foreign_format, read_foreign
@@ -47,6 +48,19 @@ class Part:
     @property
     def num_rows(self) -> int:
         return sum(t.num_rows for t in self.tables)
+
+    def recorded_provenance(self) -> list[tuple[list[dict[str, Any]] | None, int, int]]:
+        """Each shard's provenance runs with its rows and tokens (:func:`draftline.core.provenance.mix`); runs None
+        where none is recorded (a legacy or foreign base, a shard written before provenance was)."""
+        if self.meta is None:
+            # Counted from the tokens: a legacy base may lack num_tokens.
+            return [(None, t.num_rows, int(pc.sum(pc.list_value_length(t.column("input_ids"))).as_py() or 0))
+                    for t in self.tables]
+        return [(s.provenance, s.num_rows, s.num_tokens) for s in self.meta.shards]
+
+    def row_provenance(self) -> list[str | None]:
+        """Every row's encoded provenance, in row order (None where not recorded)."""
+        return [p for runs, rows, _ in self.recorded_provenance() for p in provenance.per_row(runs, rows)]
 
 
 def open_part(

@@ -7,6 +7,11 @@ restorable (``git checkout`` + ``dvc checkout``). The guards of :mod:`draftline.
 anything is published, and new rows whose prompt the base already holds are dropped and counted. Training order
 is a seeded permutation in ``order.npy``, not a shuffled copy.
 
+Every row keeps how it was made (the target's model fingerprint, the engine, the sampling, the thinking mode:
+:mod:`draftline.core.provenance`, recorded per shard in ``draftline.json`` and carried with it); rows of another
+target model are refused unless ``merge.allow_other_target``, and the report gives the mix of each across the base,
+the new rows and the merged set (rows that recorded none: ``unknown``).
+
 The merged folder's ``mix.json`` records every shard's content mix (domain and language counts, by the shard's
 checksum: :mod:`draftline.core.mix`); carried shards keep their entries, so the next round, and the prompt stage
 aiming ``blend.target_mix`` at it, read the mix without decoding a token. The report, the metrics (``mix``: each
@@ -33,6 +38,7 @@ import xxhash
 from tqdm import tqdm
 
 from draftline.core import dataset as fmt
+from draftline.core import provenance
 from draftline.core.classify import DOMAINS
 from draftline.core.errors import MissingInput
 from draftline.core.files import atomic_path, write_csv
@@ -111,10 +117,11 @@ def _start_reencode(params: MergeParams, base: Part, info: TargetInfo) -> Callab
 
 
 def _write_shards(
-    tmp: Path, base: Part | None, legacy_keys: np.ndarray | None, new: Part, kept: pa.Table, carrier: Carrier
+    tmp: Path, base: Part | None, legacy_keys: np.ndarray | None, new: Part, kept: pa.Table, drop: np.ndarray,
+    carrier: Carrier,
 ) -> tuple[list[fmt.ShardInfo], list[pa.Table]]:
-    """Stage the base's shards, then the new rows', in ``tmp``; returns their infos (base first) and the
-    base's tables as written (for its stats)."""
+    """Stage the base's shards, then the new rows' (``kept``: those not in ``drop``), in ``tmp``; returns their infos
+    (base first, each with its rows' provenance) and the base's tables as written (for its stats)."""
     staged: list[fmt.ShardInfo] = []
     base_tables: list[pa.Table] = []
 
@@ -136,21 +143,21 @@ def _write_shards(
         # Casts change the bytes anyway, so the base is re-cut into standard shards (a one-time cost: the
         # merged folder, the next round's base, is already in the schema and is carried from then on).
         writer = fmt.ShardWriter(tmp, prefix="base")
-        start = 0
+        start, made = 0, base.row_provenance()
         for t in tqdm(base.tables, desc="merge: rewrite base shards", unit=" shards"):
             for piece in fmt.pieces(t):  # a record batch at a time: the casts copy what they cast
                 keys = legacy_keys[start : start + piece.num_rows] if "id" in base.plan.derived else None
-                start += piece.num_rows
                 cast = apply_casts(piece, base.plan, keys)
                 base_tables.append(cast.select(["num_tokens", "num_loss_tokens", "source"]))
-                writer.add(cast)
+                writer.add(cast, made[start : start + piece.num_rows])
+                start += piece.num_rows
             fmt.drop_pages(t)
         staged += writer.close()
     if kept.num_rows == new.num_rows and new.plan.identity:
         carry(new, "new")
     else:
         writer = fmt.ShardWriter(tmp, prefix="new")
-        writer.add(kept)
+        writer.add(kept, [p for p, dropped in zip(new.row_provenance(), drop) if not dropped])
         staged += writer.close()
     for i, s in enumerate(staged):
         fmt.rename_shard(tmp, s, fmt.shard_name(i, len(staged)))
@@ -184,6 +191,7 @@ def check_base(params: MergeParams, info: TargetInfo, new: Part) -> BaseCheck:
     """Open ``merge.base`` and run every guard that can run before writing (the re-encode verdict may follow)."""
     base = open_part(params.base, f"merge.base {params.base}", True, params.drop_columns, info.vocab_size)
     claim = _check_claim(params, base, new.meta)
+    check_target(params, info, base)  # before the re-encode check starts its process
     reencode = _start_reencode(params, base, info)
     if not base.plan.identity:  # a base to rewrite whole: know the verdict before spending that
         verdict = reencode()
@@ -354,6 +362,7 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
         raise MergeGuardError(
             f"{args.tokenized} was tokenized with another tokenizer than {args.target} describes: re-run tokenize"
         )
+    check_target(p, info, new)
     new_table = pa.concat_tables(new.tables)
     base = check_base(p, info, new) if p.base else None
     overlap = overlap_with(base, new, new_table)
@@ -364,7 +373,7 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
     b = base.part if base else None
     with atomic_path(args.out) as tmp:
         tmp.mkdir(parents=True)
-        staged, base_tables = _write_shards(tmp, b, base.legacy_keys if base else None, new, kept, carrier)
+        staged, base_tables = _write_shards(tmp, b, base.legacy_keys if base else None, new, kept, drop, carrier)
         fmt.write_folder_index(tmp, [s.filename for s in staged], _fingerprint(b, new, drop))
         base_counts = Counts.of(base_tables) if b is not None else None
         meta = merged_meta(new, base_counts, b, staged)
@@ -382,11 +391,14 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
 
     details = merge_details(base, new, kept, base_counts, overlap, reencoded, carrier, staged)
     details["mix"] = mix_report(staged, mix_entries, b.num_rows if b else 0)
+    details["provenance"] = provenance_report(b, new, staged)
     stage.details.update(details)
     merged = details["merged"]
     stage.headline.update(rows=merged["samples"], tokens=merged["total_tokens"], loss_tokens=merged["loss_tokens"],
                           dropped=details["overlap"]["dropped"], base_rows=b.num_rows if b else 0,
-                          mix={d: details["mix"]["merged"]["row_shares"][d] for d in DOMAINS})
+                          mix={d: details["mix"]["merged"]["row_shares"][d] for d in DOMAINS},
+                          provenance={kind: {label: c["row_share"] for label, c in by_label.items()}
+                                      for kind, by_label in details["provenance"]["merged"].items()})
     write_csv(args.plot, [{"domain": d, "series": k, "share": details["mix"][k]["row_shares"][d]}
                           for d in DOMAINS for k in ("base", "new", "merged")])
     print(format_mix(details["mix"]), flush=True)
@@ -396,6 +408,27 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
         b.num_rows if b else 0, ("carried" if b.plan.identity else "rewritten") if b else "none",
         new.num_rows, int(drop.sum()), meta.num_rows, len(staged), details["carried_by"],
     )  # fmt: skip
+
+
+def check_target(p: MergeParams, info: TargetInfo, part: Part) -> None:
+    """Refuse rows generated by another target model than ``info``'s (by the model fingerprint their provenance
+    records; rows that record none are unknown, not refused) unless ``merge.allow_other_target``."""
+    target = provenance.model_identity(info)
+    other = provenance.other_targets((runs for runs, _, _ in part.recorded_provenance()), target)
+    if other and not p.allow_other_target:
+        found = ", ".join(f"{n} rows of {fp[:12]}" for fp, n in sorted(other.items()))
+        raise MergeGuardError(
+            f"{part.where} holds rows generated by another target model ({found}); the target's model fingerprint is "
+            f"{target[:12]}: a drafter learns the target it is trained on. Set merge.allow_other_target: true to "
+            "merge them anyway (the report gives each target's rows and tokens)")
+
+
+def provenance_report(base: Part | None, new: Part, staged: list[fmt.ShardInfo]) -> dict[str, Any]:
+    """The report's ``provenance``: for the base, the new rows (before dropping overlaps) and the merged set, the
+    rows and tokens per target model fingerprint, engine, sampling and thinking mode, and their shares."""
+    return {"base": provenance.mix(base.recorded_provenance()) if base is not None else None,
+            "new": provenance.mix(new.recorded_provenance()),
+            "merged": provenance.mix((s.provenance, s.num_rows, s.num_tokens) for s in staged)}
 
 
 def format_mix(mix: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ neither). Rendered anyway, a tool prompt would reach generation and training wit
   one line naming the sources whose prompts offer tools and the param; with ``drop`` those prompts are left out,
   counted per source as the skip ``tools_unsupported`` (in the log, the metrics and the report); a ``weight: 0``
   source's are dropped either way, never refused (it gives no train rows, but its eval rows are still held out);
-- thinking (:func:`has_thinking`): ``generate.enable_thinking: true`` under a template without a thinking mode is
+- thinking (:func:`draftline.core.chat.has_thinking`): ``generate.enable_thinking: true`` under a template without a thinking mode is
   refused in one line naming the param. Later stages read the thinking mode the data recorded, never the param.
 """
 
@@ -18,29 +18,12 @@ from collections import Counter
 from collections.abc import Collection
 from typing import Any
 
-from draftline.core.chat import renders_tools, template_kwargs
+from draftline.core.chat import has_thinking, renders_tools
 from draftline.core.errors import Refusal
 from draftline.core.records import PromptRecord
 from draftline.core.skips import Skips
 
 TOOLS_UNSUPPORTED = "tools_unsupported"  # the skip reason of a tool prompt dropped under such a template
-_PROBE = [{"role": "user", "content": "Hi."}]
-_REASONING = "draftline probe reasoning"
-
-
-def has_thinking(tokenizer: Any) -> bool:
-    """Whether the template has a thinking mode: its generation prompt reacts to ``enable_thinking`` (Qwen3's
-    hybrid template), or it writes an assistant turn's ``reasoning_content`` (a thinking-only template, whose
-    prompt opens ``<think>`` whatever the flag)."""
-
-    def text(messages: list, generation_prompt: bool, thinking: bool | None) -> str:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False,
-                                             **template_kwargs(thinking))
-
-    if text(_PROBE, True, True) != text(_PROBE, True, False):
-        return True
-    reply = {"role": "assistant", "content": "Hello.", "reasoning_content": _REASONING}
-    return _REASONING in text([*_PROBE, reply], False, None)
 
 
 def check_thinking(tokenizer: Any, enable_thinking: bool) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from draftline.core.provenance import of_generation
 from draftline.core.records import CompletionRecord, TargetInfo
 from draftline.core.records import parse_completion as parse_record
 from draftline.tokenize.loss_mask import ChunkResult, Example, MaskBuilder
@@ -26,13 +27,15 @@ def examples_from_record(rec: CompletionRecord, turns: str) -> Iterator[Example]
     history the template shows before it (so earlier turns' reasoning is dropped exactly as Qwen3 drops it)."""
     thinking = rec.generation.get("enable_thinking")
     thinking = thinking if isinstance(thinking, bool) else None
+    made = of_generation(rec.generation) if rec.generation else None
     if turns == "last":
-        yield Example(rec.id, rec.source, rec.prompt_messages, rec.messages, rec.tools, thinking)
+        yield Example(rec.id, rec.source, rec.prompt_messages, rec.messages, rec.tools, thinking, made)
         return
     k = 0
     for i, m in enumerate(rec.messages):
         if m.get("role") == "assistant" and i > 0:
-            yield Example(f"{rec.id}/turn{k}", rec.source, rec.messages[:i], rec.messages[: i + 1], rec.tools, thinking)
+            yield Example(f"{rec.id}/turn{k}", rec.source, rec.messages[:i], rec.messages[: i + 1], rec.tools,
+                          thinking, made)
             k += 1
 
 

@@ -38,6 +38,8 @@ class Example(NamedTuple):
     full: list[Message]
     tools: list[Tool] | None
     enable_thinking: bool | None
+    # How its completion was made (:func:`draftline.core.provenance.of_generation`); None where it did not say.
+    provenance: str | None = None
 
 
 @dataclass
@@ -49,6 +51,8 @@ class ChunkResult:
     truncated: int = 0
     # enable_thinking of each written row's generation run (None where the run did not say).
     thinking: set[bool | None] = field(default_factory=set)
+    # Each written row's provenance, in row order.
+    provenance: list[str | None] = field(default_factory=list)
 
 
 def render_example(tokenizer: Any, ex: Example) -> tuple[str, str]:
@@ -101,6 +105,7 @@ class MaskBuilder:
             row_ids.append(ex.id)
             sources.append(ex.source)
             result.thinking.add(ex.enable_thinking)
+            result.provenance.append(ex.provenance)
 
         lengths = np.fromiter((len(p) for p in ids_parts), dtype=np.int64, count=len(ids_parts))
         result.table = build_table(

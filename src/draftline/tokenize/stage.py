@@ -3,7 +3,9 @@
 Rows are made in chunks on ``workers`` processes and written in input order (:mod:`draftline.tokenize.chunks`), so
 the folder is the same, byte for byte, whatever the number of workers. Its ``draftline.json`` records the target's
 tokenizer fingerprint, template, mask token and the generation run's thinking mode (null when the rows mix both),
-which every later stage reads instead of repeating them as params. The folder appears whole or not at all.
+which every later stage reads instead of repeating them as params, and each shard's rows' provenance (the target's
+model fingerprint, the engine, the sampling and the thinking mode of their completions:
+:mod:`draftline.core.provenance`). The folder appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -67,9 +69,10 @@ class Tally:
 
 
 def row_tables(paths: list[Path], info: TargetInfo, tokenizer: Any, params: TokenizeParams, tally: Tally,
-               meta: DatasetMeta) -> Iterator[pa.Table]:
-    """The rows of every completion, a table per chunk, counted into ``tally``; sets ``meta.enable_thinking`` at the
-    end (write_dataset writes draftline.json after the last table, so the mode is known by then)."""
+               meta: DatasetMeta) -> Iterator[tuple[pa.Table, list[str | None]]]:
+    """The rows of every completion, a table per chunk with each row's provenance, counted into ``tally``; sets
+    ``meta.enable_thinking`` at the end (write_dataset writes draftline.json after the last table, so the mode is
+    known by then)."""
     bar = tqdm(desc="tokenize", unit=" rows")
     for res in tokenize_chunks(chunked(read_lines(paths), params.chunk_rows), info, tokenizer, params):
         for reason, row_id, detail in res.skips:
@@ -80,7 +83,7 @@ def row_tables(paths: list[Path], info: TargetInfo, tokenizer: Any, params: Toke
         tally.num_loss.append(res.table.column("num_loss_tokens").to_numpy())
         tally.sources.extend(res.table.column("source").to_pylist())
         bar.update(res.table.num_rows)
-        yield res.table
+        yield res.table, res.provenance
     bar.close()
     # Before write_dataset publishes the folder: a refused run leaves no output behind.
     rows_in = sum(len(n) for n in tally.num_tokens) + tally.skips.total
