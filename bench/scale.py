@@ -23,7 +23,7 @@ shards the kernel can drop at will), bytes written (the tree's write I/O),
 DVC cache and workspace growth (distinct inodes, so a file linked into the cache counts once, as cache), and rows
 in and out with the reasons for any difference; then the ratio of each figure between fractions and a linear
 extrapolation to the full run. It also times raw ``encode_batch`` on the same rendered text as the stage
-(docs/benchmarks.md, "tokenize: speed on natural text", quotes both from this run).
+(bench/results/2026-12-01-tokenize-speed/ quotes both from this run).
 
 Always run it niced (it shares the cores): ``nice -n 10 python bench/scale.py --fraction 0.01 0.1``
 """
