@@ -147,9 +147,9 @@ def measure_samples(grid: list[tuple[int, float, int]]) -> list[dict]:
     """The check on the samples at each (ngram, threshold, shared_by): flagged pairs, false ones, planted recall."""
     import logging
 
+    from draftline.core.contamination import HELDOUT, WORD, EvalIndex, EvalPrompt, normalize, set_prompts
     from draftline.core.skips import Skips
     from draftline.prompts.canonical import user_text
-    from draftline.prompts.decontaminate import _WORD, HELDOUT, EvalIndex, EvalPrompt, normalize, set_prompts
     from draftline.prompts.params import load
     from draftline.prompts.stage import collect, deduplicate, held_out_ids
 
@@ -162,7 +162,7 @@ def measure_samples(grid: list[tuple[int, float, int]]) -> list[dict]:
     prompts = set_prompts(p.sets, REPO / "data/sets/conversations", Skips(logging.getLogger("bench")))
     prompts += [EvalPrompt(HELDOUT, r.id, user_text(r)) for r in kept if r.id in held]
     texts = [user_text(r) for r in kept]
-    words = lambda t: " ".join(_WORD.findall(normalize(t)))  # noqa: E731
+    words = lambda t: " ".join(WORD.findall(normalize(t)))  # noqa: E731
     out = []
     for ngram, threshold, shared_by in grid:
         index = EvalIndex.build(prompts, ngram, shared_by)

@@ -34,7 +34,7 @@ DVC = str(Path(sys.executable).with_name("dvc"))
 # The paths as the project's dvc.yaml passes them (there through its `vars`).
 MERGE_ARGS = ["--tokenized", "data/tokenized", "--target", "data/target/target.json", "--out", "data/merged",
               "--metrics", "metrics/merge.json", "--report", "reports/merge.json", "--plot", "plots/merge_mix.csv",
-              "--bases", "data/bases"]
+              "--bases", "data/bases", "--sets", "data/sets/conversations", "--heldout", "data/prompts/eval.jsonl"]
 DVC_YAML = f"""\
 stages:
   merge:
@@ -44,8 +44,12 @@ stages:
       - data/tokenized
       - data/target/target.json
       - data/bases
+      - data/sets/conversations
+      - data/prompts/eval.jsonl
     params:
       - merge
+      - decontaminate
+      - evaluate.sets
     outs:
       - data/merged
       - reports/merge.json:
@@ -85,7 +89,8 @@ def cache_is_intact(repo: Path) -> bool:
 
 
 def set_params(repo: Path, **merge) -> None:
-    params = {"merge": default_params("merge", **{"base": None, "assume_same_tokenizer": False, "seed": 0, **merge})}
+    params = {"merge": default_params("merge", **{"base": None, "assume_same_tokenizer": False, "seed": 0, **merge}),
+              "decontaminate": default_params("decontaminate"), "evaluate": {"sets": {}}}
     (repo / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
 
 
@@ -100,6 +105,11 @@ def test_versions_rollback_and_remote(tmp_path: Path, cache: str):
     (repo / ".gitignore").write_text("*.run.json\n", encoding="utf-8")  # times of the last run: not versioned
     (repo / "data/bases").mkdir(parents=True)
     (repo / "data/bases/README.md").write_text("bases\n", encoding="utf-8")
+    # What the base is checked against (no set, no held-out prompt: nothing hits).
+    (repo / "data/sets/conversations").mkdir(parents=True)
+    (repo / "data/sets/conversations/README.md").write_text("sets\n", encoding="utf-8")
+    (repo / "data/prompts").mkdir(parents=True)
+    (repo / "data/prompts/eval.jsonl").write_text("", encoding="utf-8")
     info = write_target(repo / "data/target/target.json", tok_dir)
     sh(repo, "git", "init", "-q")
     sh(repo, DVC, "init", "-q")

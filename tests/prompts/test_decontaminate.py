@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from conftest import default_params
 
+from draftline.core.contamination import EvalIndex, EvalPrompt, extra_prompts, shingle
 from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE, Conversation, PromptRecord
 from draftline.core.runner import execute
 from draftline.core.skips import Skips
 from draftline.prompts.canonical import prompt_id
-from draftline.prompts.decontaminate import EvalIndex, EvalPrompt, decontaminate, shingle
+from draftline.prompts.decontaminate import decontaminate
 from draftline.prompts.params import (
     BlendParams,
     DecontaminateParams,
@@ -271,8 +272,6 @@ def test_the_threshold_counts_whole_ngrams() -> None:
 
 
 def test_an_extra_file_is_read_as_jsonl_or_one_question_a_line(tmp_path: Path) -> None:
-    from draftline.prompts.decontaminate import extra_prompts
-
     jsonl = tmp_path / "humaneval.jsonl"
     jsonl.write_text("\n".join([json.dumps("a plain string"), json.dumps({"question": "a question"}),
                                 json.dumps({"messages": [{"role": "system", "content": "sys"},

@@ -1,5 +1,5 @@
-"""How a merge puts a shard file that already exists (the base's, or the new rows' when none was dropped) into
-the merged folder byte-identical: a reflink, a hardlink or a copy (``merge.carry``).
+"""How a merge puts a shard file that already exists (the base's, or the new rows', when none of its rows was
+dropped) into the merged folder byte-identical: a reflink, a hardlink or a copy (``merge.carry``).
 
 Shards are immutable: nothing in draftline writes into an existing shard (writers write a temporary name, then
 rename), and neither does DVC: ``dvc checkout`` removes a workspace file before it links or copies the cached one

@@ -1,16 +1,20 @@
-"""The merge stage's params: ``params.yaml: merge``, loaded by :func:`load`."""
+"""The merge stage's params: ``params.yaml: merge``, with ``decontaminate`` and the names of ``evaluate.sets`` (the
+base's rows are checked against their prompts), loaded together by :func:`load`."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from draftline.core.params import Params, ParamsError
+from draftline.core.contamination import DecontaminateParams
+from draftline.core.params import Params, ParamsError, load_value, optional
 
 
 @dataclass(frozen=True)
 class MergeParams(Params):
-    """``params.yaml: merge`` (each key is documented there and in docs/merge.md)."""
+    """``params.yaml: merge`` (each key is documented there and in docs/merge.md); ``decontaminate`` and ``sets``
+    come from their own sections (:func:`load`; None: the base is not checked)."""
 
     base: str | None
     base_tokenizer: str | None
@@ -21,6 +25,8 @@ class MergeParams(Params):
     seed: int
     carry: Literal["auto", "reflink", "hardlink", "copy"]
     allow_other_target: bool
+    decontaminate: DecontaminateParams | None = optional()
+    sets: list[str] | None = optional()
 
     def validate(self, where: str) -> None:
         if self.check_rows < 0 or not 0.0 <= self.check_min_match <= 1.0:
@@ -28,4 +34,5 @@ class MergeParams(Params):
 
 
 def load(_args: object = None) -> MergeParams:
-    return MergeParams.load("merge")
+    return dataclasses.replace(MergeParams.load("merge"), decontaminate=DecontaminateParams.load("decontaminate"),
+                               sets=list(load_value("evaluate.sets", dict[str, Any]) or {}))

@@ -4,8 +4,11 @@ The merged folder is a ``save_to_disk`` folder whose first shards are the base's
 byte-identical (:mod:`draftline.merge.carry`: reflink, hardlink or copy), and whose last shards hold the new
 rows; DVC stores files by content, so its cache grows by the new shards alone and the previous version stays
 restorable (``git checkout`` + ``dvc checkout``). The guards of :mod:`draftline.merge.guards` run before
-anything is published, and new rows whose prompt the base already holds are dropped and counted. Training order
-is a seeded permutation in ``order.npy``, not a shuffled copy.
+anything is published, and new rows whose prompt the base already holds are dropped and counted. Base rows that give
+away an evaluation prompt are counted and, under ``decontaminate.base: drop``, left out
+(:mod:`draftline.merge.contamination`): a base shard without such a row is still carried byte-identical, one with
+one is written anew with its other rows. Training order is a seeded permutation in ``order.npy``, not a shuffled
+copy.
 
 Every row keeps how it was made (the target's model fingerprint, the engine, the sampling, the thinking mode:
 :mod:`draftline.core.provenance`, recorded per shard in ``draftline.json`` and carried with it); rows of another
@@ -47,9 +50,11 @@ from draftline.core.logs import get_logger
 from draftline.core.mix import Mix, folder_mix, num_tokens_of, shares, tables_mix, write_record
 from draftline.core.records import TargetInfo
 from draftline.core.runner import StageArgs, StageRun
+from draftline.core.skips import Skips
 from draftline.core.target import load_target, load_tokenizer
 from draftline.core.tracked import require_tracked
 from draftline.merge.carry import Carrier, make_read_only
+from draftline.merge.contamination import BaseContamination, check_base_rows, evaluation_prompts
 from draftline.merge.guards import (
     REMAKE_BASE,
     Claim,
@@ -117,44 +122,21 @@ def _start_reencode(params: MergeParams, base: Part, info: TargetInfo) -> Callab
 
 
 def _write_shards(
-    tmp: Path, base: Part | None, legacy_keys: np.ndarray | None, new: Part, kept: pa.Table, drop: np.ndarray,
-    carrier: Carrier,
+    tmp: Path, base: Part | None, legacy_keys: np.ndarray | None, base_drop: np.ndarray, new: Part, kept: pa.Table,
+    drop: np.ndarray, carrier: Carrier,
 ) -> tuple[list[fmt.ShardInfo], list[pa.Table]]:
-    """Stage the base's shards, then the new rows' (``kept``: those not in ``drop``), in ``tmp``; returns their infos
-    (base first, each with its rows' provenance) and the base's tables as written (for its stats)."""
+    """Stage the base's shards less its ``base_drop`` rows, then the new rows' (``kept``: those not in ``drop``), in
+    ``tmp``; returns their infos (base first, each with its rows' provenance) and the base's tables as written (for
+    its stats)."""
     staged: list[fmt.ShardInfo] = []
     base_tables: list[pa.Table] = []
-
-    def carry(part: Part, tag: str) -> None:
-        recorded = part.meta.shards if part.meta else [None] * len(part.files)
-        shards = tqdm(zip(part.files, part.tables, recorded), desc=f"merge: carry {tag} shards", unit=" shards",
-                      total=len(part.files))
-        for i, (f, t, r) in enumerate(shards):
-            dst = tmp / f".{tag}-{i:05d}.arrow"
-            carrier.carry(part.folder / f, dst)
-            if r is not None and r.keys_xxh3_128 is not None:
-                carrier.carry(fmt.keys_path(part.folder / f), fmt.keys_path(dst))
-            staged.append(shard_info(t, dst, r))
-
     if base is not None and base.plan.identity:
-        carry(base, "base")
-        base_tables = base.tables
+        staged, base_tables = _carry_base(tmp, base, base_drop, carrier)
     elif base is not None:
-        # Casts change the bytes anyway, so the base is re-cut into standard shards (a one-time cost: the
-        # merged folder, the next round's base, is already in the schema and is carried from then on).
-        writer = fmt.ShardWriter(tmp, prefix="base")
-        start, made = 0, base.row_provenance()
-        for t in tqdm(base.tables, desc="merge: rewrite base shards", unit=" shards"):
-            for piece in fmt.pieces(t):  # a record batch at a time: the casts copy what they cast
-                keys = legacy_keys[start : start + piece.num_rows] if "id" in base.plan.derived else None
-                cast = apply_casts(piece, base.plan, keys)
-                base_tables.append(cast.select(["num_tokens", "num_loss_tokens", "source"]))
-                writer.add(cast, made[start : start + piece.num_rows])
-                start += piece.num_rows
-            fmt.drop_pages(t)
-        staged += writer.close()
+        staged, base_tables = _rewrite_base(tmp, base, legacy_keys, base_drop)
     if kept.num_rows == new.num_rows and new.plan.identity:
-        carry(new, "new")
+        shards = tqdm(range(len(new.files)), desc="merge: carry new shards", unit=" shards")
+        staged += [_carry_shard(tmp, new, i, "new", carrier) for i in shards]
     else:
         writer = fmt.ShardWriter(tmp, prefix="new")
         writer.add(kept, [p for p, dropped in zip(new.row_provenance(), drop) if not dropped])
@@ -164,12 +146,61 @@ def _write_shards(
     return staged, base_tables
 
 
-def _fingerprint(base: Part | None, new: Part, drop: np.ndarray) -> str | None:
+def _carry_shard(tmp: Path, part: Part, i: int, tag: str, carrier: Carrier) -> fmt.ShardInfo:
+    """Shard ``i`` of ``part`` (and its prompt-key sidecar) carried byte-identical into ``tmp``."""
+    recorded = part.meta.shards[i] if part.meta else None
+    dst = tmp / f".{tag}-{i:05d}.arrow"
+    carrier.carry(part.folder / part.files[i], dst)
+    if recorded is not None and recorded.keys_xxh3_128 is not None:
+        carrier.carry(fmt.keys_path(part.folder / part.files[i]), fmt.keys_path(dst))
+    return shard_info(part.tables[i], dst, recorded)
+
+
+def _carry_base(tmp: Path, base: Part, drop: np.ndarray, carrier: Carrier) -> tuple[list[fmt.ShardInfo], list[pa.Table]]:
+    """A base in the schema: each shard carried, or, where it holds a dropped row, its other rows written anew."""
+    staged: list[fmt.ShardInfo] = []
+    tables: list[pa.Table] = []
+    made = base.row_provenance() if drop.any() else []
+    start = 0
+    for i, t in enumerate(tqdm(base.tables, desc="merge: carry base shards", unit=" shards")):
+        gone = drop[start : start + t.num_rows]
+        if not gone.any():
+            staged.append(_carry_shard(tmp, base, i, "base", carrier))
+            tables.append(t)
+        elif not gone.all():
+            writer = fmt.ShardWriter(tmp, prefix=f"base{i:05d}")
+            tables.append(kept_rows(t, gone))
+            writer.add(tables[-1], [m for m, g in zip(made[start : start + t.num_rows], gone) if not g])
+            staged += writer.close()
+        start += t.num_rows
+    return staged, tables
+
+
+def _rewrite_base(tmp: Path, base: Part, legacy_keys: np.ndarray | None,
+                  drop: np.ndarray) -> tuple[list[fmt.ShardInfo], list[pa.Table]]:
+    """A base to cast, re-cut into standard shards less its ``drop`` rows. Casts change the bytes anyway, so this is
+    a one-time cost: the merged folder, the next round's base, is already in the schema and is carried from then on."""
+    writer = fmt.ShardWriter(tmp, prefix="base")
+    tables: list[pa.Table] = []
+    start, made = 0, base.row_provenance()
+    for t in tqdm(base.tables, desc="merge: rewrite base shards", unit=" shards"):
+        for piece in fmt.pieces(t):  # a record batch at a time: the casts copy what they cast
+            end = start + piece.num_rows
+            keys = legacy_keys[start:end] if "id" in base.plan.derived else None
+            cast = kept_rows(apply_casts(piece, base.plan, keys), drop[start:end])
+            tables.append(cast.select(["num_tokens", "num_loss_tokens", "source"]))
+            writer.add(cast, [m for m, g in zip(made[start:end], drop[start:end]) if not g])
+            start = end
+        fmt.drop_pages(t)
+    return writer.close(), tables
+
+
+def _fingerprint(base: Part | None, base_drop: np.ndarray, new: Part, drop: np.ndarray) -> str | None:
     """The merged folder's ``_fingerprint``: the key ``datasets`` names cache files inside that folder by, so it
     must tell contents apart, not hash them. The merged bytes follow from the carried base's, the new data's
     (their folders' fingerprints) and which new rows were dropped: hashing those reads no shard.
-    None (hash every shard) when a base was rewritten or a fingerprint is missing."""
-    if base is None or not base.plan.identity or not base.fingerprint or not new.fingerprint:
+    None (hash every shard) when a base was rewritten (or lost rows) or a fingerprint is missing."""
+    if base is None or not base.plan.identity or base_drop.any() or not base.fingerprint or not new.fingerprint:
         return None
     dropped = xxhash.xxh3_64_hexdigest(np.packbits(drop).tobytes())
     return xxhash.xxh3_64_hexdigest(f"{base.fingerprint}+{new.fingerprint}-{dropped}".encode())
@@ -233,7 +264,7 @@ def merged_meta(new: Part, base_counts: Counts | None, base: Part | None, staged
 
 def merge_details(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts: Counts | None,
                   overlap: dict[str, np.ndarray], reencoded: dict, carrier: Carrier,
-                  staged: list[fmt.ShardInfo]) -> dict[str, Any]:
+                  staged: list[fmt.ShardInfo], base_drop: np.ndarray) -> dict[str, Any]:
     """The report: stats of base, new and merged, the overlap, the guards' verdicts, how the shards were carried."""
     b = base.part if base else None
     kept_counts = Counts.of([kept])
@@ -256,7 +287,7 @@ def merge_details(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts
             "derived_columns": b.plan.derived if b else [],
             "dropped_columns": b.plan.dropped if b else [],
         },
-        "base_shards_carried": len(b.files) if b is not None and b.plan.identity else 0,
+        "base_shards_carried": _clean_shards(b, base_drop) if b is not None and b.plan.identity else 0,
         # The same for the same inputs on one machine (it follows the filesystems), so a detail, not a run field.
         "carried_by": "/".join(sorted(carrier.used)) or "-",
         "shards": len(staged),
@@ -264,18 +295,24 @@ def merge_details(base: BaseCheck | None, new: Part, kept: pa.Table, base_counts
     }
 
 
-def merged_mix(tmp: Path, staged: list[fmt.ShardInfo], base: Part | None, new: Part, drop: np.ndarray,
-               info: TargetInfo) -> tuple[dict[str, Mix], dict[str, Any]]:
+def _clean_shards(base: Part, drop: np.ndarray) -> int:
+    """How many of the base's shards hold no ``drop`` row (those a base in the schema carries as they are)."""
+    return sum(not d.any() for d in np.split(drop, np.cumsum([t.num_rows for t in base.tables])[:-1]))
+
+
+def merged_mix(tmp: Path, staged: list[fmt.ShardInfo], base: Part | None, base_drop: np.ndarray, new: Part,
+               drop: np.ndarray, info: TargetInfo) -> tuple[dict[str, Mix], dict[str, Any]]:
     """The content mix of every staged shard, keyed by its checksum (what ``mix.json`` records): a carried shard's
     from its source folder (its ``mix.json``, else per-row labels cached by checksum, else labelled once); a shard
-    written here (a legacy base re-cut, new rows with some dropped) summed from its rows' labels, which come from
-    the same places. Returns the entries and how many shards each way gave."""
+    written here (a legacy base re-cut, a base shard or new rows with some dropped) summed from its rows' labels,
+    which come from the same places. Returns the entries and how many shards each way gave."""
     tokenizer = _LazyTokenizer(info)
     entries: dict[str, Mix] = {}
     counts = {"shards_recorded": 0, "shards_cached": 0, "shards_labelled": 0, "rows_labelled": 0}
-    base_rows = base.num_rows if base is not None else 0
+    base_rows = base.num_rows - int(base_drop.sum()) if base is not None else 0
     row_labels: dict[str, tuple[list[str], list[str]]] = {}
-    sources = ([("base", base, base.plan.identity, None)] if base is not None else []) + [
+    sources = ([("base", base, bool(base.plan.identity and not base_drop.any()), base_drop)] if base is not None
+               else []) + [
         ("new", new, bool(new.plan.identity and not drop.any()), drop)]
     for tag, part, carried, dropped in sources:
         if part.files:  # a save_to_disk folder: its record, the cache, or labelled (and cached) by checksum
@@ -338,7 +375,9 @@ def mix_report(staged: list[fmt.ShardInfo], entries: dict[str, Mix], base_rows: 
 class MergeArgs(StageArgs):
     """``stages/merge.py``'s paths (dvc.yaml passes them): the tokenize stage's folder, the target's
     ``target.json``, the merged folder written, the headline metrics and the mix plot. The base is ``merge.base``
-    (a param), which must lie under ``bases``, as must ``merge.base_tokenizer``."""
+    (a param), which must lie under ``bases``, as must ``merge.base_tokenizer``; its rows are checked against the
+    benchmark sets' conversations (``sets``, where ``decontaminate.extra`` must lie too) and the prompt stage's
+    held-out prompts (``heldout``, its ``eval.jsonl``)."""
 
     tokenized: Path
     target: Path
@@ -346,6 +385,8 @@ class MergeArgs(StageArgs):
     metrics: Path
     plot: Path
     bases: Path  # where the bases and their tokenizers live (a dependency of the stage)
+    sets: Path = Path()
+    heldout: Path = Path()
 
 
 def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
@@ -354,17 +395,11 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
     require_tracked(p.base, args.bases, "merge.base")
     require_tracked(p.base_tokenizer, args.bases, "merge.base_tokenizer")
     info = load_target(args.target)
-    if not (Path(args.tokenized) / fmt.META_FILE).is_file():
-        raise MissingInput(f"{Path(args.tokenized) / fmt.META_FILE} is missing: {args.tokenized} is not a tokenized "
-                           "dataset; run the tokenize stage first (dvc repro tokenize)")
-    new = open_part(args.tokenized, str(args.tokenized), False, [], info.vocab_size)
-    if new.meta.tokenizer_fingerprint != info.tokenizer_fingerprint:
-        raise MergeGuardError(
-            f"{args.tokenized} was tokenized with another tokenizer than {args.target} describes: re-run tokenize"
-        )
-    check_target(p, info, new)
+    new = open_new(p, args, info)
     new_table = pa.concat_tables(new.tables)
     base = check_base(p, info, new) if p.base else None
+    contamination = decontaminate_base(p, args, base.part, info) if base else None
+    base_drop = contamination.drop if contamination else np.zeros(base.part.num_rows if base else 0, bool)
     overlap = overlap_with(base, new, new_table)
     drop = overlap["by_id"] | overlap["by_prompt"]
     kept = kept_rows(new_table, drop)
@@ -373,13 +408,14 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
     b = base.part if base else None
     with atomic_path(args.out) as tmp:
         tmp.mkdir(parents=True)
-        staged, base_tables = _write_shards(tmp, b, base.legacy_keys if base else None, new, kept, drop, carrier)
-        fmt.write_folder_index(tmp, [s.filename for s in staged], _fingerprint(b, new, drop))
+        staged, base_tables = _write_shards(tmp, b, base.legacy_keys if base else None, base_drop, new, kept, drop,
+                                            carrier)
+        fmt.write_folder_index(tmp, [s.filename for s in staged], _fingerprint(b, base_drop, new, drop))
         base_counts = Counts.of(base_tables) if b is not None else None
         meta = merged_meta(new, base_counts, b, staged)
         fmt.write_meta(tmp, meta)
         started = time.perf_counter()
-        mix_entries, mix_counts = merged_mix(tmp, staged, b, new, drop, info)
+        mix_entries, mix_counts = merged_mix(tmp, staged, b, base_drop, new, drop, info)
         write_record(tmp, mix_entries)
         stage.run["mix"] = {**mix_counts, "seconds": round(time.perf_counter() - started, 2)}
         np.save(tmp / fmt.ORDER_FILE, fmt.training_order(meta.num_rows, p.seed), allow_pickle=False)
@@ -389,9 +425,52 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
             make_read_only(tmp / s.filename)
             make_read_only(fmt.keys_path(tmp / s.filename))
 
-    details = merge_details(base, new, kept, base_counts, overlap, reencoded, carrier, staged)
-    details["mix"] = mix_report(staged, mix_entries, b.num_rows if b else 0)
+    details = merge_details(base, new, kept, base_counts, overlap, reencoded, carrier, staged, base_drop)
+    details["mix"] = mix_report(staged, mix_entries, b.num_rows - int(base_drop.sum()) if b else 0)
     details["provenance"] = provenance_report(b, new, staged)
+    if contamination is not None:
+        details["decontamination"] = contamination.report(p.decontaminate)
+        stage.run["decontaminate_seconds"] = round(contamination.seconds, 2)
+    _publish(stage, details, args.plot, b)
+    if contamination is not None:
+        stage.headline["contaminated"] = contamination.headline()
+    log.info(
+        "merged %d base rows (%s, %d dropped as contaminated) + %d new rows, %d of them dropped as already in the "
+        "base: %d rows in %d shards (files carried by %s)",
+        b.num_rows if b else 0, ("carried" if b.plan.identity else "rewritten") if b else "none",
+        int(base_drop.sum()), new.num_rows, int(drop.sum()), meta.num_rows, len(staged), details["carried_by"],
+    )  # fmt: skip
+
+
+def open_new(p: MergeParams, args: MergeArgs, info: TargetInfo) -> Part:
+    """The tokenize stage's rows, checked: tokenized with the target's tokenizer, generated by the target."""
+    if not (Path(args.tokenized) / fmt.META_FILE).is_file():
+        raise MissingInput(f"{Path(args.tokenized) / fmt.META_FILE} is missing: {args.tokenized} is not a tokenized "
+                           "dataset; run the tokenize stage first (dvc repro tokenize)")
+    new = open_part(args.tokenized, str(args.tokenized), False, [], info.vocab_size)
+    if new.meta.tokenizer_fingerprint != info.tokenizer_fingerprint:
+        raise MergeGuardError(
+            f"{args.tokenized} was tokenized with another tokenizer than {args.target} describes: re-run tokenize"
+        )
+    check_target(p, info, new)
+    return new
+
+
+def decontaminate_base(p: MergeParams, args: MergeArgs, base: Part, info: TargetInfo) -> BaseContamination | None:
+    """Check the base's rows against every evaluation prompt (:mod:`draftline.merge.contamination`); None when
+    ``decontaminate`` is off (or not loaded)."""
+    if p.decontaminate is None or not p.decontaminate.enabled:
+        return None
+    for path in p.decontaminate.extra:
+        require_tracked(path, args.sets, "decontaminate.extra")
+    skips = Skips(get_logger("draftline.merge.contamination"))
+    prompts = evaluation_prompts(p.decontaminate, p.sets or [], args.sets, args.heldout, skips)
+    return check_base_rows(base.tables, base.where, prompts, p.decontaminate,
+                               load_tokenizer(info).backend_tokenizer, skips)
+
+
+def _publish(stage: StageRun, details: dict[str, Any], plot: Path, b: Part | None) -> None:
+    """The report, the headline metrics, the mix plot and the printed mix table."""
     stage.details.update(details)
     merged = details["merged"]
     stage.headline.update(rows=merged["samples"], tokens=merged["total_tokens"], loss_tokens=merged["loss_tokens"],
@@ -399,15 +478,9 @@ def run_merge(p: MergeParams, args: MergeArgs, stage: StageRun) -> None:
                           mix={d: details["mix"]["merged"]["row_shares"][d] for d in DOMAINS},
                           provenance={kind: {label: c["row_share"] for label, c in by_label.items()}
                                       for kind, by_label in details["provenance"]["merged"].items()})
-    write_csv(args.plot, [{"domain": d, "series": k, "share": details["mix"][k]["row_shares"][d]}
-                          for d in DOMAINS for k in ("base", "new", "merged")])
+    write_csv(plot, [{"domain": d, "series": k, "share": details["mix"][k]["row_shares"][d]}
+                     for d in DOMAINS for k in ("base", "new", "merged")])
     print(format_mix(details["mix"]), flush=True)
-    log.info(
-        "merged %d base rows (%s) + %d new rows, %d of them dropped as already in the base: %d rows in %d shards "
-        "(files carried by %s)",
-        b.num_rows if b else 0, ("carried" if b.plan.identity else "rewritten") if b else "none",
-        new.num_rows, int(drop.sum()), meta.num_rows, len(staged), details["carried_by"],
-    )  # fmt: skip
 
 
 def check_target(p: MergeParams, info: TargetInfo, part: Part) -> None:

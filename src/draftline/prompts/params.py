@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from draftline.core.classify import DOMAINS
+from draftline.core.contamination import DecontaminateParams
 from draftline.core.params import Params, ParamsError, load_section, load_value, optional
 
 # samples: rows; tokens: prompt + reference-answer tokens under the target tokenizer.
@@ -49,21 +50,6 @@ class DedupParams(Params):
 
     priority: list[str]
     near: NearParams
-
-
-@dataclass(frozen=True)
-class DecontaminateParams(Params):
-    """``params.yaml: decontaminate`` (prompts/decontaminate.py)."""
-
-    enabled: bool
-    ngram: int
-    threshold: float
-    shared_by: int
-    extra: list[str]
-
-    def validate(self, where: str) -> None:
-        if not 0.0 < self.threshold <= 1.0 or self.ngram < 1 or self.shared_by < 2:
-            raise ParamsError(f"params.yaml: {where}: threshold must be in (0, 1], ngram >= 1, shared_by >= 2")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from draftline.core.classify import DOMAINS, Label, classify_messages
+from draftline.core.contamination import EvalPrompt, extra_prompts, set_prompts
 from draftline.core.errors import MissingInput
 from draftline.core.files import atomic_path, write_csv
 from draftline.core.logs import get_logger
@@ -53,7 +54,7 @@ from draftline.prompts.base import base_mix, base_prompt_ids
 from draftline.prompts.blend import Pool, hash_rank, select, source_plan, split_eval, unweighted
 from draftline.prompts.canonical import cut_prompt, user_text
 from draftline.prompts.costs import token_costs
-from draftline.prompts.decontaminate import Contamination, EvalPrompt, decontaminate, extra_prompts, set_prompts
+from draftline.prompts.decontaminate import Contamination, decontaminate
 from draftline.prompts.dedup import MinHasher, exact_duplicates, near_duplicates, number_key, survivor_order
 from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
 from draftline.prompts.report import (
