@@ -11,7 +11,7 @@ from conftest import default_params
 from draftline.core.params import ParamsError
 from draftline.core.requests import tokens_digest
 from draftline.serve.engines import counters, exact_steps
-from draftline.serve.measure import Turn
+from draftline.serve.measure import Run, Turn, mean_run
 from draftline.serve.params import Judged, ServeParams
 from draftline.serve.report import against_evaluate, lossless, speed_up
 
@@ -49,6 +49,21 @@ def test_the_speed_up_is_paired_by_turn_and_exact_for_a_constant_ratio():
     mixed = [turn(t.key, t.tokens, t.seconds / (2 if i % 2 else 1)) for i, t in enumerate(base)]
     estimate, low, high = speed_up(mixed, base, JUDGED)["speed_up"]
     assert 1.0 < low < estimate < high < 2.0
+
+
+def test_the_target_measured_first_and_last_counts_as_the_mean_of_both():
+    # A machine that drifts: the target measured first takes 3 s a turn, last 1 s; a drafter arm measured between
+    # them at 2 s is then as fast as the target, not 1.5x it.
+    first = Run([turn(f"r{i}#0", [1] * 10, 3.0, decode_s=2.0) for i in range(20)], 60.0)
+    last = Run([turn(t.key, [2] * 10, 1.0, decode_s=1.0) for t in first.turns], 20.0)
+    both = mean_run(first, last)
+    assert [(t.seconds, t.decode_s, t.tokens) for t in both.turns] == [(2.0, 1.5, [1] * 10)] * 20
+    assert both.wall_s == 40.0
+    between = [turn(t.key, t.tokens, 2.0, decode_s=1.5) for t in first.turns]
+    assert speed_up(between, both.turns, JUDGED)["speed_up"] == [1.0, 1.0, 1.0]
+    assert mean_run(first, None) is first and mean_run(None, None) is None
+    with pytest.raises(ValueError):  # the two runs must be of the same turns
+        mean_run(first, Run(last.turns[:-1], 20.0))
 
 
 def test_lossless_and_the_turns_against_evaluates(tmp_path):

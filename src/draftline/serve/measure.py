@@ -7,6 +7,11 @@ speed, the steps, the turn-by-turn comparison) and greedy with ``slots`` in flig
 sampled setting with one in flight. A turn's prompt is evaluate's render of its messages (ids); a later turn of a
 multi-turn request follows the engine's own reply, as evaluate's follows the target's; every turn has evaluate's
 seed (:func:`draftline.core.requests.turn_seed`).
+
+The target alone is served again after every other arm, and its turns are the two runs' means
+(:func:`mean_run`): each arm is measured after a different stretch of the machine's day, and on a shared 2-core
+VM the first server measured decoded up to 20% slower than the same server measured last
+(bench/results/2026-12-07-smollm2-served/), which a target measured only first turns into a speed-up for every arm.
 """
 
 from __future__ import annotations
@@ -84,6 +89,17 @@ async def run(engine: Engine, requests: list[Request], how: Decoding, sampling: 
         started = time.perf_counter()
         done = await asyncio.gather(*(one(r) for r in requests))
         return Run([t for turns in done for t in turns], time.perf_counter() - started)
+
+
+def mean_run(first: Run | None, last: Run | None) -> Run | None:
+    """The target's two runs as one: each turn's seconds (and the engine's decode seconds) the mean of both; its
+    tokens the first run's (greedy, so the same wherever the engine is deterministic)."""
+    if first is None or last is None:
+        return first or last
+    turns = [Turn(a.key, a.source, a.tokens, a.steps, (a.seconds + b.seconds) / 2,
+                  (a.decode_s + b.decode_s) / 2 if a.decode_s and b.decode_s else a.decode_s)
+             for a, b in zip(first.turns, last.turns, strict=True)]
+    return Run(turns, (first.wall_s + last.wall_s) / 2)
 
 
 def arm_server(p: ServeParams, arm: str, served: str, draft: Draft, model: str, log: Path) -> Server:

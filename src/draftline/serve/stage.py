@@ -33,9 +33,9 @@ from draftline.core.threads import idle_cores
 from draftline.drafter.checkpoint import WEIGHTS_FILE
 from draftline.drafter.fit import check_fits
 from draftline.serve.engines import Engine
-from draftline.serve.measure import Decoding, measure_arm
+from draftline.serve.measure import Decoding, mean_run, measure_arm
 from draftline.serve.params import ServeParams, ServeSettings
-from draftline.serve.report import PLOT_COLUMNS, arm_row, headline, plot_rows
+from draftline.serve.report import PLOT_COLUMNS, arm_row, decode_rate, headline, plot_rows
 
 log = get_logger(__name__)
 
@@ -91,10 +91,16 @@ def run_serve(s: ServeSettings, args: ServeArgs, stage: StageRun) -> None:
     served, draft = served_files(p, info, args)
     engine = Engine(p.engine, f"http://127.0.0.1:{p.port}", info.path, sorted(stop_token_ids(info)))
     stage.run.update(idle_cores_at_start=idle_cores())
-    runs = {}
-    for arm in tqdm(p.arms, desc="serve", unit="arm"):
+    order = [*p.arms, "target"] if len(p.arms) > 1 else p.arms  # the target again, last (measure.py)
+    runs, target_runs = {}, []
+    for arm in tqdm(order, desc="serve", unit="arm"):
         runs[arm] = measure_arm(p, arm, served, draft, engine, requests, how,
                                 args.report.with_name(f"serve.{arm}.log"))
+        if arm == "target":
+            target_runs.append(runs[arm])
+    first, *last = target_runs
+    runs["target"] = {k: mean_run(first[k], last[0][k]) for k in first} if last else first
+    stage.details["target_decode_tokens_per_s"] = [decode_rate(r["greedy"].turns) for r in target_runs]
     arms = {arm: arm_row(arm, r, runs.get("target"), s.judged, args.steps) for arm, r in runs.items()}
     stage.details.update(engine=p.engine, split=p.split, requests=len(requests),
                          turns=len(runs["target"]["greedy"].turns), threads=p.threads, slots=p.slots,
