@@ -76,8 +76,10 @@ class FakeSGLang:
     def __init__(self, model: str = "default", delay_s: float = 0.0, reasoning_parser: bool = True,
                  faults: dict[str, list[str]] | None = None, truncate: set[str] | frozenset = frozenset(),
                  api_key: str | None = None, spec_accept_length: float | None = None, engine: str = "sglang",
-                 version: str | None = "0.5.4"):
+                 version: str | None = "0.5.4", tool_calls: dict[str, list[dict[str, Any]]] | None = None):
         self.model = model
+        # Per prompt id, the `tool_calls` its reply carries, as SGLang's tool-call parser returns them.
+        self.tool_calls = tool_calls or {}
         self.engine = engine
         self.version = version
         self.spec_accept_length = spec_accept_length
@@ -163,7 +165,7 @@ class FakeSGLang:
                 raise ValueError("messages: Field required")
         except ValueError as e:
             return web.Response(status=400, body=error_body(400, str(e)), content_type="application/json")
-        answer = self.response(body, truncated=pid in self.truncate)
+        answer = self.response(body, truncated=pid in self.truncate, tool_calls=self.tool_calls.get(pid))
         if action == "othermodel":
             answer["model"] = "another-model"
         payload = compact(answer)
@@ -176,7 +178,8 @@ class FakeSGLang:
             raise asyncio.CancelledError
         return web.Response(body=payload, content_type="application/json")
 
-    def response(self, body: dict[str, Any], truncated: bool) -> dict[str, Any]:
+    def response(self, body: dict[str, Any], truncated: bool,
+                 tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         reasoning, answer = reply_for(body)
         thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
         max_tokens = int(body.get("max_tokens") or 128)
@@ -208,7 +211,7 @@ class FakeSGLang:
             "choices": [{
                 "index": 0,
                 "message": {"role": "assistant", "content": text or None, "reasoning_content": reasoning_text,
-                            "tool_calls": None},
+                            "tool_calls": tool_calls},
                 "logprobs": None,
                 "finish_reason": finish,
                 "matched_stop": matched,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -213,6 +214,54 @@ def test_check_truncated_passes_at_the_share_and_counts_only_replies():
     with pytest.raises(TooManyTruncated, match=r"1 of 4 replies \(25\.0%\) were cut at generate.max_tokens \(8\)"):
         check_truncated(prompts, entries, 0.2, 8)
     check_truncated(prompts, {}, 0.0, 8)  # nothing generated: nothing to judge
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def call(name: str, arguments: str) -> dict:
+    return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_a_tool_row_is_valid_only_when_its_final_reply_calls_an_offered_tool_with_an_object():
+    from draftline.core.records import CompletionRecord
+    from draftline.generate.report import tool_call_counts
+
+    def row(calls: list[dict] | None, offered: bool = True) -> CompletionRecord:
+        reply = {"role": "assistant", "content": "", **({"tool_calls": calls} if calls is not None else {})}
+        return CompletionRecord(id="x", source="s", row=0, messages=[{"role": "user", "content": "?"}, reply],
+                                tools=[WEATHER] if offered else None)
+
+    def valid(r: CompletionRecord) -> bool:
+        return tool_call_counts([r]) == {"tool_rows": 1, "valid_tool_calls": 1}
+
+    assert valid(row([call("get_weather", '{"city": "Oslo"}')]))
+    assert valid(row([call("launch_rocket", "{}"), call("get_weather", "{}")]))  # one valid call is enough
+    assert not valid(row([call("launch_rocket", '{"city": "Oslo"}')]))  # a name the prompt did not offer
+    assert not valid(row([call("get_weather", '{"city": ')]))  # arguments that are not JSON
+    assert not valid(row([call("get_weather", '["Oslo"]')]))  # JSON, but a list
+    assert not valid(row(None)) and not valid(row([]))  # no call at all
+    # A prompt that offered no tools is no tool row, whatever its reply holds.
+    assert tool_call_counts([row([call("get_weather", "{}")], offered=False)]) == {"tool_rows": 0, "valid_tool_calls": 0}
+
+
+def test_the_share_of_tool_rows_with_a_valid_call_is_a_metric_per_source(tmp_path, caplog):
+    """alpha and beta offer tools, gamma none: alpha ends half its tool rows in a valid call, beta none (a warning
+    names it), gamma is no tool source (not in the metric, though a reply of its calls)."""
+    prompts = [dataclasses.replace(q, tools=None if q.source == "gamma" else [WEATHER]) for q in make_prompts(6)]
+    by_row = {q.row: q.id for q in prompts}  # alpha: rows 0, 3; beta: 1, 4; gamma: 2, 5
+    calls = {by_row[0]: [call("get_weather", '{"city": "Oslo"}')], by_row[3]: [call("launch_rocket", "{}")],
+             by_row[1]: [call("get_weather", "Oslo")], by_row[2]: [call("get_weather", "{}")]}
+    with FakeSGLang(tool_calls=calls) as srv, caplog.at_level("WARNING"):
+        p = sglang_params(srv.url)
+        m = run_in(make_project(tmp_path, prompts, p), p)
+    assert json.loads((tmp_path / "metrics/generate.json").read_text())["tool_calls_valid"] == {"alpha": 0.5,
+                                                                                               "beta": 0.0}
+    assert [(m.details["per_source"][s]["tool_rows"], m.details["per_source"][s]["valid_tool_calls"])
+            for s in ("alpha", "beta", "gamma")] == [(2, 1), (2, 0), (0, 0)]
+    assert (m.details["tool_rows"], m.details["valid_tool_calls"]) == (4, 1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "beta's tool rows" in warnings[0]
 
 
 def test_thinking_keeps_reasoning_apart_and_empty_reasoning_fails(tmp_path):

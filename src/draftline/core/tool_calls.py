@@ -1,6 +1,7 @@
 """Tool calls out of a reply's text, as SGLang's ``qwen25`` tool-call parser takes them (``--tool-call-parser qwen25``,
 ``sglang.srt.function_call.qwen25_detector.Qwen25Detector.detect_and_parse``): the local backend's replies, and the
-embedded target's held-out check.
+embedded target's held-out check; and whether a reply holds a valid call (:func:`has_valid_tool_call`), which the
+generate stage reports per source.
 
 A Qwen3 target writes each call as ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``. As the server
 does, the text before the first ``<tool_call>`` stays the content; every complete block whose JSON parses and names
@@ -30,6 +31,26 @@ _BLOCK = re.compile(re.escape(START) + r"(.*?)" + re.escape(END), re.DOTALL)
 
 def tool_names(tools: list[Tool] | None) -> set[str]:
     return {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
+
+
+def has_valid_tool_call(message: dict[str, Any], tools: list[Tool] | None) -> bool:
+    """Whether ``message`` (an assistant reply) carries a structured call that names one of the offered ``tools`` and
+    whose ``arguments`` are a JSON object (a JSON string of one, as servers send them, or the object itself)."""
+    names = tool_names(tools)
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and fn.get("name") in names and _is_object(fn.get("arguments")):
+            return True
+    return False
+
+
+def _is_object(arguments: Any) -> bool:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return False
+    return isinstance(arguments, dict)
 
 
 def split_tool_calls(text: str, tools: list[Tool] | None) -> tuple[str, list[dict[str, Any]]]:

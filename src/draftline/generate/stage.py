@@ -8,7 +8,8 @@ own answers (:mod:`~draftline.generate.dataset`; the prompts without one are ski
 it finishes; 4. stop, writing nothing, when too many replies were cut at ``max_tokens``
 (:func:`~draftline.generate.report.check_truncated`); 5. write the shards and failures from the journal in prompt
 order (:mod:`~draftline.generate.shards`); 6. fill the headline, the report (:mod:`~draftline.generate.report`) and
-the run's figures (:mod:`~draftline.generate.progress`), which the stage runner writes.
+the run's figures (:mod:`~draftline.generate.progress`), which the stage runner writes, warning of each source whose
+tool rows mostly end without a valid tool call.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from draftline.generate.order import dispatch_order, prefix_group
 from draftline.generate.params import GenerateParams
 from draftline.generate.progress import Progress
 from draftline.generate.remote import generate_remote
-from draftline.generate.report import check_truncated, headline, summarize
+from draftline.generate.report import check_truncated, headline, summarize, warn_few_valid_tool_calls
 from draftline.generate.shards import write_outputs
 from draftline.generate.work import Plan, Work
 
@@ -129,6 +130,8 @@ def run_generate(p: GenerateParams, args: GenerateArgs, stage: StageRun) -> None
     records, n_failed = write_outputs(args.out, prompts, entries, generation, p)
     stage.details.update(summarize(prompts, entries, records))
     stage.headline.update(headline(stage.details))
+    if p.backend != "dataset":  # the datasets' answers are text, never structured calls: no target to warn about
+        warn_few_valid_tool_calls(stage.headline)
     stage.run.update(journal=str(folder), resumed=resumed, **progress.figures(), **sent,
                      **({"server_log": str(server_log)} if server_log else {}))
     log.info("%d completions written to %s, %d failed (see failures.jsonl), %d truncated",
