@@ -411,6 +411,9 @@ def test_which_thinking_modes_are_decoded():
     # Data of mixed modes (null: the template's own): both explicit modes besides.
     assert [(k, s.thinking) for k, s in decoded_settings(both, None, True).items() if k.startswith("greedy")] == [
         ("greedy", None), ("greedy@thinking_off", False), ("greedy@thinking_on", True)]
-    # A template without a thinking mode: nothing to tell apart, decoded once; `data` asks for the data's mode alone.
+    # A template without a thinking mode: nothing to tell apart, decoded once; `data` asks for the data's mode alone,
+    # and for both explicit modes besides where the data mixes them (reported apart where it matters).
     assert list(decoded_settings(both, False, False)) == list(decoded_settings(data, False, True)) == [
         "greedy", "sampled"]
+    assert decoded_settings(data, None, True).keys() == decoded_settings(both, None, True).keys()
+    assert list(decoded_settings(data, None, False)) == ["greedy", "sampled"]

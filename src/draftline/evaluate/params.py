@@ -42,7 +42,8 @@ class IntervalParams(Params):
 @dataclass(frozen=True)
 class EvalParams(Params):
     """``params.yaml: evaluate`` (see docs/evaluate.md). The thinking mode of the plain settings is not a param: it
-    is the training data's, read from the drafter's lineage; ``thinking: both`` adds the other mode apart."""
+    is the training data's, read from the drafter's lineage; ``thinking: both`` (or data of mixed modes) adds the
+    other mode apart."""
 
     sampling: dict[str, SamplingParams]
     seed: int

@@ -2,8 +2,8 @@
 verified by the target, under every decoding setting of ``evaluate.sampling`` (greedy and sampled).
 
 For every request, rendered exactly as the generate stage sent prompts to the target (in the training data's
-thinking mode; with ``evaluate.thinking: both`` and a target whose template has a thinking mode, also in the other
-mode, as settings of their own: thinking on and off are reported apart, :func:`decoded_settings`), the target
+thinking mode; with ``evaluate.thinking: both`` or data of mixed modes, and a target whose template has a thinking
+mode, also in the other mode, as settings of their own: thinking on and off are reported apart, :func:`decoded_settings`), the target
 verifies the drafter's blocks: greedy by argmax, sampled by rejection sampling (the output keeps the target's
 distribution, :mod:`draftline.drafter.decoding`). Greedy settings also check every output against target-only
 greedy decoding (``lossless``): each token must be the target's argmax given the tokens before it, read from one
@@ -99,10 +99,11 @@ class Setting:
 
 def decoded_settings(p: EvalParams, data_thinking: bool | None, template_thinks: bool) -> dict[str, Setting]:
     """``evaluate.sampling``'s settings in the training data's thinking mode, under their own names; with
-    ``thinking: both`` and a template that has a thinking mode, each again in every other explicit mode, named
-    ``<setting>@thinking_on`` or ``@thinking_off`` (a template without one: nothing to tell apart, decoded once)."""
+    ``thinking: both``, or training data of mixed modes (``data_thinking`` None), and a template that has a thinking
+    mode, each again in every other explicit mode, named ``<setting>@thinking_on`` or ``@thinking_off`` (a template
+    without one: nothing to tell apart, decoded once)."""
     modes = [data_thinking]
-    if p.thinking == "both" and template_thinks:
+    if (p.thinking == "both" or data_thinking is None) and template_thinks:
         modes += [m for m in (False, True) if m is not data_thinking]
     return {name if m is data_thinking else f"{name}@thinking_{'on' if m else 'off'}": Setting(s, m)
             for m in modes for name, s in p.sampling.items()}
