@@ -193,8 +193,6 @@ def test_stats_match_the_rows(world):
     assert json.loads((root / "metrics/merge.json").read_text()) == {
         "rows": 65, "tokens": int(all_n.sum()), "loss_tokens": loss, "dropped": 5, "base_rows": 40, "skipped": 0,
         "mix": {d: content["merged"]["row_shares"][d] for d in DOMAINS},
-        # rows tokenized without provenance (these are): unknown (tests/merge/test_provenance.py has the rest)
-        "provenance": {kind: {"unknown": 1.0} for kind in ("target", "engine", "sampling", "thinking")},
     }
     # mix.json records every shard of the merged set by its checksum.
     assert set(read_record(root / "data/merged")) == {s.xxh3_128 for s in fmt.read_meta(root / "data/merged").shards}

@@ -88,8 +88,8 @@ def test_a_merged_set_of_two_rounds_made_with_different_sampling_reports_both(tm
     assert merged["sampling"][labels[1]]["row_share"] == round(15 / 45, 4)
     assert {k: v["rows"] for k, v in m.details["provenance"]["base"]["sampling"].items()} == {labels[0]: 30}
     assert {k: v["rows"] for k, v in m.details["provenance"]["new"]["sampling"].items()} == {labels[1]: 20}
-    metrics = json.loads((root / "metrics/merge.json").read_text())
-    assert metrics["provenance"]["sampling"] == {labels[0]: round(30 / 45, 4), labels[1]: round(15 / 45, 4)}
+    # Not in the metrics: a column per engine version or sampling string would widen `dvc metrics show` each round.
+    assert "provenance" not in json.loads((root / "metrics/merge.json").read_text())
     # Row by row: every merged row names the round that made it.
     meta = fmt.read_meta(root / "data/merged")
     rows = [p for s in meta.shards for p in provenance.per_row(s.provenance, s.num_rows)]

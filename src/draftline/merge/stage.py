@@ -475,9 +475,7 @@ def _publish(stage: StageRun, details: dict[str, Any], plot: Path, b: Part | Non
     merged = details["merged"]
     stage.headline.update(rows=merged["samples"], tokens=merged["total_tokens"], loss_tokens=merged["loss_tokens"],
                           dropped=details["overlap"]["dropped"], base_rows=b.num_rows if b else 0,
-                          mix={d: details["mix"]["merged"]["row_shares"][d] for d in DOMAINS},
-                          provenance={kind: {label: c["row_share"] for label, c in by_label.items()}
-                                      for kind, by_label in details["provenance"]["merged"].items()})
+                          mix={d: details["mix"]["merged"]["row_shares"][d] for d in DOMAINS})
     write_csv(plot, [{"domain": d, "series": k, "share": details["mix"][k]["row_shares"][d]}
                      for d in DOMAINS for k in ("base", "new", "merged")])
     print(format_mix(details["mix"]), flush=True)
