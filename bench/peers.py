@@ -15,7 +15,8 @@ Per target seed (``--seeds``, a stand-in for another CPU's float arithmetic), in
   peers without the hidden states, made once before, reported apart; for draftline with its in-memory feature pass);
 - each drafter minus draftline's drafter of the same architecture, paired over the same requests: a seeded paired
   bootstrap (``draftline.core.intervals``, ``--resamples``, 95%) of the evaluate stage's per-step records,
-  overall and per source; with several seeds, also pooled over the seeds' requests.
+  overall and per source; with several seeds, also pooled over the seeds, the interval resampling the seeds and
+  then their requests (``compare_seeds``).
 
 Invariants: every trainer reads the same rows (draftline's merged set, the peers draftline's own export of it), with
 the same target layers, drafter shape (equal parameter counts), block size, steps, learning-rate schedule, seed and
@@ -742,7 +743,7 @@ def zlab_loop(root: Path, checkpoint: Path, split: str) -> dict[str, Any]:
     from draftline.core.records import read_prompts
     from draftline.core.requests import heldout_requests, render_prompt, stop_token_ids, turn_seed
     from draftline.core.skips import Skips
-    from draftline.core.target import load_model, load_target, load_tokenizer
+    from draftline.core.target_loader import load_model, load_target, load_tokenizer
 
     ev = yaml.safe_load((root / "params.yaml").read_text())["evaluate"]
     info = load_target(root / "data/target/target.json")
@@ -1009,7 +1010,7 @@ def references(results: dict[str, dict[str, Any]]) -> dict[str, str]:
 def comparisons(per_seed: list[dict[str, dict[str, Any]]], settings: list[str], resamples: int, seed: int
                 ) -> dict[str, Any]:
     """Every drafter minus draftline's of its architecture, per setting, overall and per source, pooled over the
-    seeds' requests (keys ``<seed>/<id>#<turn>``)."""
+    seeds (keys ``<seed>/<id>#<turn>``)."""
     refs = references(per_seed[0])
     common = [n for n in per_seed[0] if all(n in results for results in per_seed)]
     out: dict[str, Any] = {}
@@ -1022,18 +1023,18 @@ def comparisons(per_seed: list[dict[str, dict[str, Any]]], settings: list[str], 
 
 def paired(per_seed: list[dict[str, dict[str, Any]]], name: str, minus: str, settings: list[str], resamples: int,
            seed: int) -> dict[str, Any]:
-    """``name`` minus ``minus`` per setting, overall and per source, pooled over the seeds' requests."""
-    from draftline.core.intervals import compare
+    """``name`` minus ``minus`` per setting, overall and per source, pooled over the seeds: paired within a seed, the
+    interval resampling the seeds and then their requests."""
+    from draftline.core.intervals import compare_seeds
 
     out: dict[str, Any] = {}
     for setting in settings:
-        a, b = {}, {}
-        for i, results in enumerate(per_seed):
-            a.update(requests_of(results[name], setting, f"{i}/"))
-            b.update(requests_of(results[minus], setting, f"{i}/"))
-        sources = sorted({src for src, _ in a.values()})
-        out[setting] = {"overall": compare(a, b, None, resamples, 0.95, seed).as_dict(),
-                        "per_source": {src: compare(a, b, src, resamples, 0.95, seed).as_dict() for src in sources}}
+        a = [requests_of(results[name], setting, f"{i}/") for i, results in enumerate(per_seed)]
+        b = [requests_of(results[minus], setting, f"{i}/") for i, results in enumerate(per_seed)]
+        sources = sorted({src for seed in a for src, _ in seed.values()})
+        out[setting] = {"overall": compare_seeds(a, b, None, resamples, 0.95, seed).as_dict(),
+                        "per_source": {src: compare_seeds(a, b, src, resamples, 0.95, seed).as_dict()
+                                       for src in sources}}
     return out
 
 
@@ -1146,7 +1147,7 @@ def named_pairs(runs: list[dict[str, Any]], specs: list[str], labels: dict[str, 
         out[spec] = paired(per_seed, a, b, list(labels), resamples, seed)
         rows.append([f"{a} - {b}", *[interval(out[spec][k]["overall"]) for k in labels],
                      sources_behind(out[spec], labels)])
-    print(f"\nPairs, seeds {[r['seed'] for r in runs]} pooled, paired per request:\n")
+    print(f"\nPairs, seeds {[r['seed'] for r in runs]} pooled, paired per request, seeds then requests resampled:\n")
     print(table(["pair", *labels.values(), "sources behind (interval below 0)"], rows))
     return out
 
@@ -1168,7 +1169,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
     if len(runs) > 1:
         print(f"\nAcross target seeds (z-lab acceptance, {split} split, {' / '.join(labels.values())}):\n")
         print(seeds_table(runs, labels))
-        print(f"\nPooled over seeds {[r['seed'] for r in runs]}, paired per request:\n")
+        print(f"\nPooled over seeds {[r['seed'] for r in runs]}, paired per request, seeds then requests resampled:\n")
         print(table(["drafter", *[f"minus draftline, {v}" for v in labels.values()]],
                     [[f"{n} - {d['minus']}", *[interval(d[k]["overall"]) for k in labels]]
                      for n, d in out["pooled"].items()]))
@@ -1181,7 +1182,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
         out["equal_time"] = {name: {"minus": peer, **paired(per_seed, name, peer, list(labels), args.resamples,
                                                              args.bootstrap_seed)}
                              for name, peer in pairs.items()}
-        print(f"\nAt the peer's wall time, seeds {[r['seed'] for r in runs]} pooled, paired per request:\n")
+        print(f"\nAt the peer's wall time, seeds {[r['seed'] for r in runs]} pooled, paired per request, seeds then requests resampled:\n")
         print(equal_time_table(runs, out["equal_time"], labels))
     st, mapped = runs[0]["settings"], runs[0]["mapped"]
     print(f"\nMapped from params.yaml train: SpecForge batch_size {mapped['rows_per_step']} rows, num_anchors "

@@ -19,9 +19,9 @@ Per target seed, in a temporary git + DVC clone of this repository (tests/projec
 It prints, per seed, every arm's z-lab acceptance on the ``test`` split (never read by a decision), greedy and
 sampled, overall and per source, with the evaluate stage's 95% interval; the target forwards saved in generation;
 new prompts picked that were already in the base; how much the merged set grew per new shard byte; whether the
-rollback restored round 1 byte for byte. Then, pooled over the seeds' requests, each arm minus ``cold`` on the same
-test requests (a seeded paired bootstrap, ``draftline.core.intervals``), overall and on each seed's weakest
-source by round 1's ``dev`` figure (the source steering is for).
+rollback restored round 1 byte for byte. Then, pooled over the seeds, each arm minus ``cold`` on the same test
+requests (a seeded paired bootstrap over the seeds, then their requests: ``draftline.core.intervals.compare_seeds``),
+overall and on each seed's weakest source by round 1's ``dev`` figure (the source steering is for).
 
     nice -n 10 python bench/rounds.py --seeds 0 --out /tmp/rounds-seed0.json   # about 50 minutes a seed
     python bench/rounds.py --pool /tmp/rounds-seed*.json                        # the pooled table
@@ -226,8 +226,9 @@ def requests(result: dict[str, Any], arm: str, setting: str, only_weakest: bool)
 
 def pooled(results: list[dict[str, Any]], baseline: str = "cold", resamples: int = 10_000) -> str:
     """Each arm minus ``baseline``, paired over the same test requests of every seed, overall and on each seed's
-    weakest source (round 1's dev figure), greedy and sampled."""
-    from draftline.core.intervals import compare
+    weakest source (round 1's dev figure), greedy and sampled; the interval resamples the seeds, then their
+    requests."""
+    from draftline.core.intervals import compare_seeds
 
     arms = [a for a in results[0]["runs"] if a not in ("round 1", baseline) and all(a in r["runs"] for r in results)]
     header = [f"arm minus {baseline}",
@@ -237,15 +238,13 @@ def pooled(results: list[dict[str, Any]], baseline: str = "cold", resamples: int
         cells = []
         for setting in ("greedy", "sampled"):
             for only in (False, True):
-                a, b = {}, {}
-                for r in results:
-                    a.update(requests(r, arm, setting, only))
-                    b.update(requests(r, baseline, setting, only))
-                iv = compare(a, b, None, resamples, 0.95, 0)
+                a = [requests(r, arm, setting, only) for r in results]
+                b = [requests(r, baseline, setting, only) for r in results]
+                iv = compare_seeds(a, b, None, resamples, 0.95, 0)
                 cells.append(f"{iv.estimate:+.2f} [{iv.low:+.2f}, {iv.high:+.2f}] (n={iv.n})")
         rows.append([arm, *cells])
     seeds = ", ".join(str(r["seed"]) for r in results)
-    lines = [f"Pooled over target seeds {seeds} (test split, {resamples} resamples, 95%):", "",
+    lines = [f"Pooled over target seeds {seeds} (test split, {resamples} resamples of seeds then requests, 95%):", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 

@@ -10,7 +10,17 @@ from statistics import mean
 import numpy as np
 import pytest
 
-from draftline.core.intervals import bootstrap, compare, first, paired, paired_bootstrap, ratio, request_acceptance
+from draftline.core.intervals import (
+    bootstrap,
+    clustered_bootstrap,
+    compare,
+    compare_seeds,
+    first,
+    paired,
+    paired_bootstrap,
+    ratio,
+    request_acceptance,
+)
 
 
 def acceptances(n: int, seed: int) -> np.ndarray:
@@ -114,3 +124,52 @@ def test_compare_pairs_by_request_and_filters_by_source():
     assert overall.n == 3 and overall.estimate == pytest.approx((1.0 + 1.0 - 0.5) / 3)
     agent = compare(a, b, source="agent", resamples=500)
     assert (agent.n, agent.estimate, agent.low, agent.high) == (2, 1.0, 1.0, 1.0)
+
+
+def seeds_with_offsets(offsets: list[float], n: int = 200) -> tuple[list[dict], list[dict]]:
+    """Per target seed, ``n`` paired requests whose differences are that seed's offset plus small noise."""
+    rng = np.random.default_rng(5)
+    a, b = [], []
+    for i, offset in enumerate(offsets):
+        base = rng.uniform(2, 6, size=n)
+        diff = offset + rng.normal(0, 0.05, size=n)
+        a.append({f"{i}/r{j}": ("agent", float(base[j] + diff[j])) for j in range(n)})
+        b.append({f"{i}/r{j}": ("agent", float(base[j])) for j in range(n)})
+    return a, b
+
+
+def test_seed_to_seed_variance_widens_the_pooled_interval():
+    # Per seed the difference is sure (+0.30, +0.00, -0.10); pooled over requests alone it looks sure too, which the
+    # seeds do not support: resampling the seeds brings their spread into the interval.
+    a, b = seeds_with_offsets([0.30, 0.0, -0.10])
+    requests_only = compare({k: v for s in a for k, v in s.items()}, {k: v for s in b for k, v in s.items()},
+                            resamples=2000)
+    clustered = compare_seeds(a, b, resamples=2000)
+    assert clustered.estimate == pytest.approx(requests_only.estimate) and clustered.n == requests_only.n == 600
+    assert requests_only.excludes_zero() and requests_only.high - requests_only.low < 0.05
+    assert not clustered.excludes_zero() and clustered.high - clustered.low > 0.3
+
+
+def test_seeds_that_agree_keep_a_narrow_interval():
+    a, b = seeds_with_offsets([0.2, 0.2, 0.2])
+    iv = compare_seeds(a, b, resamples=2000)
+    assert iv.excludes_zero() and iv.low > 0.18 and iv.high < 0.22
+
+
+def test_one_seed_is_the_request_bootstrap():
+    a, b = seeds_with_offsets([0.1], n=100)
+    one, plain = compare_seeds(a, b, resamples=4000), compare(a[0], b[0], resamples=4000)
+    assert one.estimate == pytest.approx(plain.estimate)
+    assert one.low == pytest.approx(plain.low, abs=0.005) and one.high == pytest.approx(plain.high, abs=0.005)
+
+
+def test_clustered_is_seeded_and_refuses_bad_groups():
+    groups = [acceptances(30, 1)[:, None], acceptances(40, 2)[:, None]]
+    assert clustered_bootstrap(groups, first, 300, seed=4) == clustered_bootstrap(groups, first, 300, seed=4)
+    assert clustered_bootstrap(groups, first, 300, seed=4) != clustered_bootstrap(groups, first, 300, seed=5)
+    with pytest.raises(ValueError, match="one width"):
+        clustered_bootstrap([np.ones((3, 1)), np.ones((3, 2))], first)
+    with pytest.raises(ValueError, match="one width"):
+        clustered_bootstrap([], first)
+    with pytest.raises(ValueError, match="same non-zero number of seeds"):
+        compare_seeds([{}], [], resamples=10)

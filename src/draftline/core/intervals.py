@@ -5,7 +5,9 @@ mean over requests of each request's mean tokens per verification step) and the 
 over requests). :func:`bootstrap` resamples requests with replacement, a request's columns kept together, and takes
 the percentile interval of the statistic: of one drafter's figure (the evaluate stage's ``acceptance_ci``,
 ``tau_ci``), or of two drafters' difference on the same requests (``draftline compare``, bench/peers.py), where a
-request's pair moves as one, so what the two share, a hard prompt, cancels out.
+request's pair moves as one, so what the two share, a hard prompt, cancels out. Figures pooled over several target
+seeds come from :func:`clustered_bootstrap` (:func:`compare_seeds`): it draws the seeds with replacement, then each
+drawn seed's requests, so the interval holds the seed-to-seed variance that resampling requests alone leaves out.
 
 Invariants (``tests/evaluate/test_intervals.py``):
 
@@ -94,6 +96,29 @@ def bootstrap(columns: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray]
     return Interval(estimate, float(low), float(high), len(x), resamples, confidence, seed)
 
 
+def clustered_bootstrap(groups: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray],
+                        resamples: int = 10_000, confidence: float = 0.95, seed: int = 0) -> Interval:
+    """:func:`bootstrap` over requests that come in groups (a target seed's requests): each resample draws as many
+    groups as there are with replacement, then each drawn group's rows with replacement, and takes ``statistic`` of
+    the column means of all the rows drawn. The estimate is that of every row pooled; ``n`` counts the rows."""
+    xs = [np.asarray(g, dtype=np.float64) for g in groups]
+    if not xs or any(x.ndim != 2 or len(x) == 0 or x.shape[1] != xs[0].shape[1] for x in xs):
+        raise ValueError(f"need non-empty (requests, columns) arrays of one width, got {[x.shape for x in xs]}")
+    if resamples < 1 or not 0 < confidence < 1:
+        raise ValueError(f"resamples must be >= 1 and confidence in (0, 1), got {resamples} and {confidence}")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    stats = np.empty(resamples, dtype=np.float64)
+    for i in range(resamples):
+        drawn = [xs[g] for g in rng.integers(0, len(xs), size=len(xs))]
+        rows = np.concatenate([x[rng.integers(0, len(x), size=len(x))] for x in drawn])
+        stats[i] = statistic(rows.mean(axis=0)[None, :])[0]
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(stats, [tail, 1 - tail])
+    pooled = np.concatenate(xs)
+    estimate = float(statistic(pooled.mean(axis=0)[None, :])[0])
+    return Interval(estimate, float(low), float(high), len(pooled), resamples, confidence, seed)
+
+
 def first(m: np.ndarray) -> np.ndarray:
     """The statistic of a mean (of the first column)."""
     return m[:, 0]
@@ -118,12 +143,29 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = 10
     return bootstrap((xa - xb)[:, None], first, resamples, confidence, seed)
 
 
+def of_source(x: Mapping[str, tuple[str, float]], source: str | None) -> dict[str, float]:
+    """The figures of ``x`` (a :func:`request_acceptance` result) of one held-out ``source``, or all of them."""
+    return {k: v for k, (s, v) in x.items() if source is None or s == source}
+
+
 def compare(a: Mapping[str, tuple[str, float]], b: Mapping[str, tuple[str, float]], source: str | None = None,
             resamples: int = 10_000, confidence: float = 0.95, seed: int = 0) -> Interval:
     """``a`` minus ``b`` (two :func:`request_acceptance` results) over their shared requests, or over those of one
     held-out ``source``."""
-    def pick(x: Mapping[str, tuple[str, float]]) -> dict[str, float]:
-        return {k: v for k, (s, v) in x.items() if source is None or s == source}
-
-    _, xa, xb = paired(pick(a), pick(b))
+    _, xa, xb = paired(of_source(a, source), of_source(b, source))
     return paired_bootstrap(xa, xb, resamples, confidence, seed)
+
+
+def compare_seeds(a: Sequence[Mapping[str, tuple[str, float]]], b: Sequence[Mapping[str, tuple[str, float]]],
+                  source: str | None = None, resamples: int = 10_000, confidence: float = 0.95,
+                  seed: int = 0) -> Interval:
+    """:func:`compare` pooled over target seeds: ``a[i]`` and ``b[i]`` are seed ``i``'s :func:`request_acceptance`
+    results, paired within the seed; the interval resamples the seeds, then their requests
+    (:func:`clustered_bootstrap`)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need the same non-zero number of seeds on both sides, got {len(a)} and {len(b)}")
+    diffs = []
+    for sa, sb in zip(a, b):
+        _, xa, xb = paired(of_source(sa, source), of_source(sb, source))
+        diffs.append((xa - xb)[:, None])
+    return clustered_bootstrap(diffs, first, resamples, confidence, seed)
