@@ -138,8 +138,8 @@ def evaluate(root: Path, target, name: str, prompts: torch.Tensor, selector: boo
     """The evaluate stage's figures of the drafter ``root/ckpt/name`` on ``prompts``: tau greedy and sampled and, for
     a DFlash 2 drafter through its selector, the top-K oracle. ``selector`` False sets a DFlash 2 drafter's selector
     aside: the evaluate stage's proposer then drafts its logits, as it does a DFlash 1 drafter's (the unary path)."""
-    from draftline.drafter.decoding import GREEDY, DFlashProposer, Sampling
     from draftline.drafter.model import DFlashDrafter
+    from draftline.drafter.speculative import GREEDY, DFlashProposer, Sampling
     from draftline.evaluate.report import figures, selector_figures
 
     drafter = DFlashDrafter.from_pretrained(root / "ckpt" / name, target)
@@ -157,7 +157,7 @@ def evaluate(root: Path, target, name: str, prompts: torch.Tensor, selector: boo
 def decode(target, proposer, prompts: torch.Tensor, sampling) -> list:
     """Each prompt decoded for REPLY tokens as the evaluate stage decodes a turn (the prompt's index its seed), with
     the selector's counts of a greedy turn where the proposer keeps its steps (DFlash 2 through its selector)."""
-    from draftline.drafter.decoding import speculative_generate
+    from draftline.drafter.speculative import speculative_generate
     from draftline.evaluate.report import TurnResult, selector_counts
 
     setting = "greedy" if sampling.greedy else "sampled"

@@ -107,7 +107,7 @@ def bench_client(n: int, slots: int, latency: float, concurrency: int) -> None:
 
 def bench_local(n: int, target_dir: Path, max_tokens: int = 64) -> None:
     from draftline.core.params import load_section
-    from draftline.core.target import load_target
+    from draftline.core.target_loader import load_target
     from draftline.generate.local import LocalBackend
     from draftline.generate.params import GenerateParams
 

@@ -24,7 +24,7 @@ import torch
 from datasets import load_from_disk
 
 from draftline.core.params import load_section
-from draftline.core.target import load_model, load_target
+from draftline.core.target_loader import load_model, load_target
 from draftline.train.anchors import anchor_candidates, count_candidates
 from draftline.train.greedy import greedy_path
 from draftline.train.masks import block_targets, position_weights

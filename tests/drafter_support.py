@@ -60,7 +60,7 @@ def make_target(root: Path, initializer_range: float = 0.2) -> Path:
 def untrained_drafter(target_json: Path, folder: Path, block_size: int, tapped: int) -> Path:
     """Save an untrained 1-layer DFlash drafter for the target of ``target_json`` (``tapped`` target layers, spread as
     z-lab spreads them) in ``folder``: acceptance near 1, for tests of what decoding with a drafter keeps."""
-    from draftline.core.target import load_model, load_target
+    from draftline.core.target_loader import load_model, load_target
     from draftline.drafter.config import build_target_layer_ids, make_config
     from draftline.drafter.model import DFlashDrafter
 

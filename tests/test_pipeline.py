@@ -90,7 +90,7 @@ def test_llama_cpp_tokenizes_rendered_prompts_as_transformers_does(project, llam
     from draftline.core.launch import Server
     from draftline.core.records import read_prompts
     from draftline.core.skips import Skips
-    from draftline.core.target import load_target, load_tokenizer
+    from draftline.core.target_loader import load_target, load_tokenizer
 
     root, _ = project
     tok = load_tokenizer(load_target(root / "data/target/target.json"))

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from draftline.core.gguf import QWEN2_SPLIT, declared_pre_tokenizer, served_target
-from draftline.core.target import load_target
+from draftline.core.target_loader import load_target
 
 
 def tokenizer_json(embedded_target) -> dict:

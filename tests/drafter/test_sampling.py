@@ -17,8 +17,8 @@ import torch
 from scipy.stats import chi2_contingency
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from draftline.drafter import decoding
-from draftline.drafter.decoding import Draft, DraftContext, Sampling, draw, speculative_generate, target_generate
+from draftline.drafter import speculative
+from draftline.drafter.speculative import Draft, DraftContext, Sampling, draw, speculative_generate, target_generate
 
 VOCAB = 12
 BLOCK = 4
@@ -101,7 +101,7 @@ def test_sampled_speculative_decoding_has_the_targets_distribution(target, alone
 
 
 def test_a_wrong_verifier_fails_the_same_check(target, alone, monkeypatch):
-    monkeypatch.setattr(decoding, "verify_block", accept_everything)
+    monkeypatch.setattr(speculative, "verify_block", accept_everything)
     wrong = histograms(lambda s: speculative_generate(target, SkewedDraft(), PROMPT, BLOCK, sampling=SAMPLING, seed=s).tokens)
     assert min(homogeneity_pvalues(alone, wrong)) < 1e-6
 
@@ -140,8 +140,8 @@ def test_top_k_and_top_p_keep_the_filtered_targets_distribution(target, alone, f
 
 
 def test_a_verifier_that_ignores_the_filter_fails_the_same_check(target, filtered, monkeypatch):
-    verify = decoding.verify_block
-    monkeypatch.setattr(decoding, "verify_block", lambda d, logits, _s, g: verify(d, logits, SAMPLING, g))
+    verify = speculative.verify_block
+    monkeypatch.setattr(speculative, "verify_block", lambda d, logits, _s, g: verify(d, logits, SAMPLING, g))
     wrong = histograms(lambda s: speculative_generate(target, SkewedDraft(), PROMPT, BLOCK, sampling=FILTERED,
                                                      seed=s).tokens)
     assert min(homogeneity_pvalues(filtered, wrong)) < 1e-6
@@ -171,7 +171,7 @@ def test_dflash2_k_way_sampling_keeps_the_targets_distribution(target, alone, df
     """The selector drafts from its K-way distribution over each position's top K (temperature only); the rejection
     step takes that K-way distribution as q. The output must still be the target's (the next test shows the check
     would see a wrong q on these very drafts)."""
-    from draftline.drafter.decoding import DFlashProposer
+    from draftline.drafter.speculative import DFlashProposer
 
     proposer = DFlashProposer(dflash2_drafter)
     with torch.no_grad():
@@ -183,13 +183,13 @@ def test_dflash2_k_way_sampling_keeps_the_targets_distribution(target, alone, df
 def test_a_k_way_q_taken_as_uniform_fails_the_same_check(target, alone, dflash2_drafter, monkeypatch):
     """Power: the same drafts verified with q claimed uniform over the K candidates (not the selector's) bias the
     output, and the check sees it."""
-    from draftline.drafter.decoding import DFlashProposer
+    from draftline.drafter.speculative import DFlashProposer
 
     select = DFlashProposer._select
 
     def uniform_q(self, block, ctx):
         draft = select(self, block, ctx)
-        return decoding.Draft(draft.tokens, torch.full_like(draft.probs, 1.0 / draft.probs.shape[-1]), draft.support)
+        return speculative.Draft(draft.tokens, torch.full_like(draft.probs, 1.0 / draft.probs.shape[-1]), draft.support)
 
     monkeypatch.setattr(DFlashProposer, "_select", uniform_q)
     proposer = DFlashProposer(dflash2_drafter)

@@ -111,7 +111,7 @@ def test_dflash_generate_accepts_what_draftline_accepts(saved, monkeypatch):
 
     At a reply's last step z-lab drafts a block shortened to the tokens still wanted, draftline a whole block cut
     at verification; the non-causal block then differs, so that one step's acceptance may too: compared up to it."""
-    from draftline.drafter.decoding import DFlashProposer, speculative_generate
+    from draftline.drafter.speculative import DFlashProposer, speculative_generate
 
     target, drafter, folder = saved
     model = zlab.DFlash2DraftModel.from_pretrained(folder, dtype=torch.float32).eval()

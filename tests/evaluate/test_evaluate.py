@@ -23,11 +23,11 @@ from draftline.core.records import Conversation, PromptRecord, read_prompts
 from draftline.core.requests import heldout_requests, render_prompt
 from draftline.core.runner import execute, run_file
 from draftline.core.skips import Skips
-from draftline.core.target import load_target
+from draftline.core.target_loader import load_target
 from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, make_config
-from draftline.drafter.decoding import Generation
 from draftline.drafter.fit import resolve_device
 from draftline.drafter.model import DFlashDrafter
+from draftline.drafter.speculative import Generation
 from draftline.evaluate.params import EvalParams, IntervalParams
 from draftline.evaluate.report import TurnResult, acceptance_by_position, headline, summarize_setting
 from draftline.evaluate.stage import EvalArgs, decoded_settings, run_evaluate
@@ -233,8 +233,8 @@ def test_evaluate_stage_greedy_sampled_and_a_multi_turn_set(tiny_target_dir, tmp
 def test_the_next_turn_follows_the_targets_own_reply(tiny_target_dir, tmp_path):
     """mt-bench's second turn is rendered after the decoded reply to the first, as z-lab's benchmark does."""
     from draftline.core.requests import Request, stop_token_ids
-    from draftline.core.target import load_target as load_info
-    from draftline.drafter.decoding import GREEDY, DFlashProposer
+    from draftline.core.target_loader import load_target as load_info
+    from draftline.drafter.speculative import GREEDY, DFlashProposer
     from draftline.evaluate.decoder import Decoder, load_models
 
     info = load_info(tiny_target_dir / "target.json")

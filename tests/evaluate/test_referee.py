@@ -17,9 +17,9 @@ import pytest
 import torch
 from drafter_support import VOCAB, args, make_merged, make_target, train, train_params, zlab_dflash
 
-from draftline.core.target import load_model, load_target
-from draftline.drafter.decoding import DFlashProposer, greedy_generate, speculative_generate
+from draftline.core.target_loader import load_model, load_target
 from draftline.drafter.model import DFlashDrafter
+from draftline.drafter.speculative import DFlashProposer, greedy_generate, speculative_generate
 
 dflash = zlab_dflash()
 

@@ -10,7 +10,7 @@ from generate_helpers import gen_params, make_project, make_prompts, read_rows, 
 from draftline.core.chat import render
 from draftline.core.params import ParamsError
 from draftline.core.skips import SkipError
-from draftline.core.target import load_target, load_tokenizer
+from draftline.core.target_loader import load_target, load_tokenizer
 
 DATASET = {"backend": "dataset", "max_tokens": 4, "shard_size": 2}
 
@@ -38,7 +38,7 @@ def test_each_reply_is_the_prompts_reference_and_prompts_without_one_are_counted
     def no_model(*_a, **_k):
         raise AssertionError("the dataset backend loaded the target model")
 
-    monkeypatch.setattr("draftline.core.target.load_model", no_model)
+    monkeypatch.setattr("draftline.core.target_loader.load_model", no_model)
     prompts = _prompts()
     m = run_in(_project(tmp_path, embedded_target, prompts, DATASET), DATASET)
     answered = [prompts[i] for i in (2, 3, 5)]

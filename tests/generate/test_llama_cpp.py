@@ -57,7 +57,7 @@ def rows(folder: Path) -> list[dict]:
 
 def greedy_reply(target: Path, messages: list[dict], max_tokens: int) -> str:
     """The target's own greedy reply in transformers (float32, one prompt), decoded as the server decodes it."""
-    from draftline.core.target import load_model, load_target, load_tokenizer
+    from draftline.core.target_loader import load_model, load_target, load_tokenizer
 
     info = load_target(target / "target.json")
     tok, model = load_tokenizer(info), load_model(info, dtype="float32")

@@ -58,7 +58,7 @@ LOCAL = {"backend": "local", "max_tokens": 12, "shard_size": 3, "keep_truncated"
 
 
 def test_local_backend_end_to_end_and_resume(tmp_path, embedded_target):
-    from draftline.core.target import load_model, load_target, load_tokenizer
+    from draftline.core.target_loader import load_model, load_target, load_tokenizer
 
     prompts = _prompts(7)
     write_jsonl(tmp_path / "train.jsonl", prompts)
@@ -192,7 +192,7 @@ def test_tool_calls_are_taken_from_the_text_as_sglang_qwen25_parser_takes_them(t
 
 
 def test_a_reply_that_calls_a_tool_carries_tool_calls_and_finishes_as_the_server_says(embedded_target):
-    from draftline.core.target import load_target
+    from draftline.core.target_loader import load_target
     from draftline.generate.local import LocalBackend
 
     s = gen_params(LOCAL)
@@ -241,7 +241,7 @@ def test_a_drafter_of_another_target_is_refused_in_one_line_by_the_stage_and_the
     evaluate stage refuses it (drafter/fit.py), by the stage before any prompt and by the backend that loads it."""
     from drafter_support import untrained_drafter
 
-    from draftline.core.target import load_target
+    from draftline.core.target_loader import load_target
     from draftline.drafter.config import DrafterMismatch
     from draftline.generate.local import LocalBackend
 

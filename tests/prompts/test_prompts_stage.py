@@ -24,7 +24,7 @@ from draftline.core.records import CONVERSATIONS_FILE, CONVERSATIONS_STATS_FILE,
 from draftline.core.runner import main, run_file
 from draftline.core.skips import SkipError
 from draftline.core.source_spec import SourceSpec
-from draftline.core.target import load_target, load_tokenizer
+from draftline.core.target_loader import load_target, load_tokenizer
 from draftline.prompts.blend import BlendError
 from draftline.prompts.params import BlendParams, DedupParams, PromptsParams, PromptsSettings
 from draftline.prompts.stage import PromptsArgs, run_prompts

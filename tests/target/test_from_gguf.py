@@ -23,7 +23,7 @@ from draftline.core.errors import MissingInput, Refusal  # noqa: E402
 from draftline.core.fingerprint import sha256_file  # noqa: E402
 from draftline.core.params import ParamsError  # noqa: E402
 from draftline.core.runner import execute  # noqa: E402
-from draftline.core.target import load_model, load_target, load_tokenizer  # noqa: E402
+from draftline.core.target_loader import load_model, load_target, load_tokenizer  # noqa: E402
 from draftline.target.from_gguf import convert_gguf, find_gguf  # noqa: E402
 from draftline.target.params import TargetParams  # noqa: E402
 from draftline.target.stage import TargetArgs, run_target, write_target  # noqa: E402

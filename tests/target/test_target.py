@@ -20,7 +20,7 @@ from draftline.core.params import ParamsError
 from draftline.core.records import Conversation
 from draftline.core.runner import execute, run_file
 from draftline.core.source_spec import SourceSpec
-from draftline.core.target import load_model, load_target, load_tokenizer
+from draftline.core.target_loader import load_model, load_target, load_tokenizer
 from draftline.sources.stage import SourceArgs, run_source
 from draftline.target.describe import describe_target
 from draftline.target.params import EmbeddedParams, TargetParams

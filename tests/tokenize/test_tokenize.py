@@ -395,7 +395,7 @@ def test_embedded_target(request):
         folder = request.getfixturevalue("embedded_target")
     except pytest.FixtureLookupError:
         pytest.skip("tests/conftest.py has no embedded_target fixture")
-    from draftline.core.target import load_target, load_tokenizer
+    from draftline.core.target_loader import load_target, load_tokenizer
 
     info = load_target(folder / "target.json")
     tok = load_tokenizer(info)

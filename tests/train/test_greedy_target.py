@@ -8,8 +8,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from draftline.core.params import ParamsError
-from draftline.core.target import load_model, load_target
-from draftline.drafter.decoding import cache_kwarg
+from draftline.core.target_loader import load_model, load_target
+from draftline.drafter.speculative import cache_kwarg
 from draftline.train.greedy import greedy_chains, refuse_sliding_window
 
 DEPTH = 4

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from draftline.core.params import ParamsError
-from draftline.core.target import load_model, load_target
+from draftline.core.target_loader import load_model, load_target
 from draftline.drafter.config import make_config
 from draftline.drafter.model import DFlashDrafter
 from draftline.train.anchors import anchor_candidates, sample_anchors

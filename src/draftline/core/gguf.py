@@ -34,7 +34,7 @@ from draftline.core.files import atomic_path
 from draftline.core.fingerprint import sha256_file
 from draftline.core.records import TargetInfo
 from draftline.core.scratch import scratch_dir
-from draftline.core.target import load_target, source_gguf
+from draftline.core.target_loader import load_target, source_gguf
 
 # The split rules llama.cpp implements, by the regex their tokenizer.json declares, and the name the converter
 # writes for them (tokenizer.ggml.pre). Qwen2's is also Qwen3's and the embedded target's.

@@ -18,11 +18,11 @@ from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo
 from draftline.core.requests import Request, render_prompt, stop_token_ids, turn_seed
 from draftline.core.skips import Skips
-from draftline.core.target import load_model, load_tokenizer
+from draftline.core.target_loader import load_model, load_tokenizer
 from draftline.drafter.config import lineage_of
-from draftline.drafter.decoding import DFlashProposer, Proposer, Sampling, greedy_reference, speculative_generate
 from draftline.drafter.fit import check_lineage, load_fitting, resolve_device, torch_dtype
 from draftline.drafter.model import DFlashDrafter
+from draftline.drafter.speculative import DFlashProposer, Proposer, Sampling, greedy_reference, speculative_generate
 from draftline.evaluate.params import EvalParams
 from draftline.evaluate.report import TurnResult, selector_counts
 

@@ -32,7 +32,7 @@ from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
 from draftline.core.requests import Request
 from draftline.core.skips import Skips
-from draftline.drafter.decoding import Sampling
+from draftline.drafter.speculative import Sampling
 from draftline.evaluate.decoder import Decoder
 from draftline.evaluate.report import TurnResult
 

@@ -30,7 +30,7 @@ import numpy as np
 from draftline.core.intervals import bootstrap, first, ratio
 from draftline.core.requests import HELDOUT, tokens_digest
 from draftline.core.splits import DEV, SPLITS, TEST, split_of
-from draftline.drafter.decoding import Generation, SelectorStep
+from draftline.drafter.speculative import Generation, SelectorStep
 from draftline.evaluate.params import IntervalParams
 
 ACCEPTANCE_COLUMNS = ["position", "steps", "accepted", "accept_rate", "conditional_rate"]

@@ -5,7 +5,7 @@ For every request, rendered exactly as the generate stage sent prompts to the ta
 thinking mode; with ``evaluate.thinking: both`` or data of mixed modes, and a target whose template has a thinking
 mode, also in the other mode, as settings of their own: thinking on and off are reported apart, :func:`decoded_settings`), the target
 verifies the drafter's blocks: greedy by argmax, sampled by rejection sampling (the output keeps the target's
-distribution, :mod:`draftline.drafter.decoding`). Greedy settings also check every output against target-only
+distribution, :mod:`draftline.drafter.speculative`). Greedy settings also check every output against target-only
 greedy decoding (``lossless``): each token must be the target's argmax given the tokens before it, read from one
 forward of the target over the prompt and the output (``greedy_reference``: what the target alone emits, at one
 forward instead of one per token; a third of the stage's time before). What the drafter is worth is its acceptance:
@@ -41,9 +41,9 @@ from draftline.core.requests import Request
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.splits import TEST
-from draftline.core.target import load_target
+from draftline.core.target_loader import load_target
 from draftline.core.threads import torch_threads
-from draftline.drafter.decoding import Sampling
+from draftline.drafter.speculative import Sampling
 from draftline.evaluate.decoder import Decoder, build_decoder
 from draftline.evaluate.params import EvalParams, SamplingParams
 from draftline.evaluate.pool import decode_all

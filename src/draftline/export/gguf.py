@@ -23,7 +23,7 @@ from draftline.core.files import write_json
 from draftline.core.fingerprint import sha256_file
 from draftline.core.gguf import convert
 from draftline.core.llama_cpp import VERSION
-from draftline.core.target import load_target, source_gguf
+from draftline.core.target_loader import load_target, source_gguf
 from draftline.drafter.checkpoint import WEIGHTS_FILE
 from draftline.drafter.fit import check_lineage
 from draftline.export.params import GgufTypes

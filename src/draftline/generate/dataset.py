@@ -28,7 +28,7 @@ from typing import Any
 from draftline.core.chat import render
 from draftline.core.records import PromptRecord, TargetInfo
 from draftline.core.skips import Skips
-from draftline.core.target import load_tokenizer
+from draftline.core.target_loader import load_tokenizer
 from draftline.generate.openai_client import ChatResult
 from draftline.generate.params import GenerateParams
 from draftline.generate.regeneration import Regeneration

@@ -7,7 +7,7 @@ the way SGLang's ``qwen3`` reasoning parser does, and takes tool calls out of th
 parser does (:mod:`draftline.generate.tool_calls`), so a record looks the same whichever backend made it.
 
 With ``generate.draft_model`` each prompt is decoded alone (batch size 1) by the speculative loop of
-:mod:`draftline.drafter.decoding`, the target verifying the drafter's blocks: greedy, the same tokens as the batched
+:mod:`draftline.drafter.speculative`, the target verifying the drafter's blocks: greedy, the same tokens as the batched
 decoding without it (tested); sampled, the same distribution but other draws. Either way it is not part of the
 journal key: switching the drafter on or off never re-sends a finished prompt. The drafter loads as the evaluate
 stage loads it (:func:`draftline.drafter.fit.load_fitting`): one of another target is refused before any prompt.
@@ -20,7 +20,7 @@ from typing import Any
 
 from draftline.core.chat import render
 from draftline.core.records import Message, TargetInfo, Tool
-from draftline.core.target import load_model, load_tokenizer
+from draftline.core.target_loader import load_model, load_tokenizer
 from draftline.core.tool_calls import split_tool_calls
 from draftline.generate.openai_client import ChatResult
 from draftline.generate.params import LocalParams
@@ -61,8 +61,8 @@ class LocalBackend:
         self.model = load_model(info, dtype=dtype, device=self.device)
         self.proposer = None
         if draft_model is not None:
-            from draftline.drafter.decoding import DFlashProposer
             from draftline.drafter.fit import load_fitting
+            from draftline.drafter.speculative import DFlashProposer
 
             # Evaluate's load: a drafter of another target (tokenizer, layer count) is refused, not run.
             self.proposer = DFlashProposer(load_fitting(draft_model, info, self.model))
@@ -119,7 +119,7 @@ class LocalBackend:
 
     def _speculative(self, prompt_ids: list[int], text: str, tools: list[Tool] | None) -> ChatResult:
         """One request through the speculative loop (the target verifying the drafter's blocks)."""
-        from draftline.drafter.decoding import Sampling, speculative_generate
+        from draftline.drafter.speculative import Sampling, speculative_generate
 
         s = self.sampling
         top_k = 0 if s.get("top_k") in (None, -1) else int(s["top_k"])

@@ -27,7 +27,7 @@ from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo, read_prompts
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.scratch import scratch_dir
-from draftline.core.target import load_target
+from draftline.core.target_loader import load_target
 from draftline.core.tracked import require_tracked
 from draftline.drafter.fit import check_fits
 from draftline.generate.batches import generate_local

@@ -51,7 +51,7 @@ from draftline.core.mix import Mix, folder_mix, num_tokens_of, shares, tables_mi
 from draftline.core.records import TargetInfo
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
-from draftline.core.target import load_target, load_tokenizer
+from draftline.core.target_loader import load_target, load_tokenizer
 from draftline.core.tracked import require_tracked
 from draftline.merge.carry import Carrier, make_read_only
 from draftline.merge.contamination import BaseContamination, check_base_rows, evaluation_prompts

@@ -47,7 +47,7 @@ from draftline.core.records import (
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import RowError, Skips
 from draftline.core.splits import split_of
-from draftline.core.target import load_target, load_tokenizer
+from draftline.core.target_loader import load_target, load_tokenizer
 from draftline.core.tracked import require_tracked
 from draftline.prompts.aim import aimed_selection, check_max_share
 from draftline.prompts.base import base_mix, base_prompt_ids

@@ -28,7 +28,7 @@ from draftline.core.logs import get_logger
 from draftline.core.records import TargetInfo
 from draftline.core.requests import load_requests, stop_token_ids
 from draftline.core.runner import StageArgs, StageRun
-from draftline.core.target import load_target, load_tokenizer
+from draftline.core.target_loader import load_target, load_tokenizer
 from draftline.core.threads import idle_cores
 from draftline.drafter.checkpoint import WEIGHTS_FILE
 from draftline.drafter.fit import check_fits

@@ -6,7 +6,7 @@ folder under ``model/`` in the stage's folder and fingerprinted by its bytes (``
 :mod:`draftline.target.from_gguf`), or ``embedded``: a tiny Qwen3-style target trained here from every source's
 conversations and saved under ``model/`` in the stage's folder.
 
-Later stages use :mod:`draftline.core.target` (``load_target``, then ``load_tokenizer`` / ``load_model``): nothing
+Later stages use :mod:`draftline.core.target_loader` (``load_target``, then ``load_tokenizer`` / ``load_model``): nothing
 else needs to know where the target lives or whether it is the embedded one. The folder is written at once or
 not at all.
 """
@@ -27,7 +27,7 @@ from draftline.core.params import ParamsError
 from draftline.core.records import CONVERSATIONS_FILE, Conversation, read_conversations
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
-from draftline.core.target import TARGET_JSON, load_target
+from draftline.core.target_loader import TARGET_JSON, load_target
 from draftline.target.describe import describe_target
 from draftline.target.from_gguf import convert_gguf, gguf_model_fingerprint, gguf_target
 from draftline.target.params import TargetParams
@@ -86,7 +86,7 @@ def write_target(
             info = describe_target(tmp / MODEL_DIR, mask_token_id, hash_weights)
             info.model_fingerprint = gguf_model_fingerprint(info.model_fingerprint, record.sha256)
             info.path = MODEL_DIR
-            # Where the file lies (as target.path is kept): what llama.cpp serves (core/target.py: source_gguf).
+            # Where the file lies (as target.path is kept): what llama.cpp serves (core/target_loader.py: source_gguf).
             extra["gguf"] = {**record.to_dict(), "path": _relative_path(str(gguf), target_dir)}
         else:
             info = describe_target(path, mask_token_id, hash_weights)

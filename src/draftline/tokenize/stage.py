@@ -28,7 +28,7 @@ from draftline.core.records import TargetInfo
 from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.stats import length_stats
-from draftline.core.target import load_target, load_tokenizer
+from draftline.core.target_loader import load_target, load_tokenizer
 from draftline.tokenize.chunks import chunked, read_lines, tokenize_chunks
 from draftline.tokenize.params import TokenizeParams
 

@@ -12,7 +12,7 @@ drafts from. Two ways to label greedy walks rightly:
 
 Invariants: a row is continued alone (the target never sees another row of a pack), in the dtype it runs in; a
 continuation past a row's last token is never needed (a block's labels end with its row) and reads -1. The KV cache
-is passed by the keyword the target's forward takes (:func:`draftline.drafter.decoding.cache_kwarg`), and a target
+is passed by the keyword the target's forward takes (:func:`draftline.drafter.speculative.cache_kwarg`), and a target
 with sliding-window layers is refused (:func:`refuse_sliding_window`): its cache keeps only the window, which the
 branches' keys over the whole row cannot be read from.
 """
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from draftline.core.params import ParamsError
-from draftline.drafter.decoding import cache_kwarg
+from draftline.drafter.speculative import cache_kwarg
 
 
 def greedy_path(shape: torch.Size, used: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,7 @@ from draftline.core.runner import StageRun
 from draftline.core.schedule import adamw, lr_at
 from draftline.core.scratch import scratch_dir
 from draftline.core.skips import Skips
-from draftline.core.target import load_model, load_target
+from draftline.core.target_loader import load_model, load_target
 from draftline.core.threads import torch_threads
 from draftline.drafter.checkpoint import CONFIG_FILE
 from draftline.drafter.config import DrafterMismatch, build_target_layer_ids, make_config

@@ -9,7 +9,7 @@ import torch
 from drafter_support import lineage
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from draftline.drafter.decoding import (
+from draftline.drafter.speculative import (
     DraftContext,
     cache_kwarg,
     crop_cache,
@@ -228,8 +228,8 @@ def test_bad_proposals_are_refused(target, prompts):
 
 def test_untrained_dflash_drafter_is_lossless(target, prompts, tmp_path):
     from draftline.drafter.config import make_config
-    from draftline.drafter.decoding import DFlashProposer
     from draftline.drafter.model import DFlashDrafter
+    from draftline.drafter.speculative import DFlashProposer
 
     torch.manual_seed(3)
     cfg = make_config(target.config, num_layers=1, block_size=BLOCK, mask_token_id=VOCAB - 1, target_layer_ids=[0, 1], lineage=lineage())
