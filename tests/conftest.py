@@ -168,10 +168,10 @@ TINY_TARGET_PARAMS = {
     "seed": 0,
     "embedded": {
         "vocab_size": 600, "num_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
-        "num_kv_heads": 2, "max_position_embeddings": 1024, "max_len": 256, "batch_tokens": 512,
+        "num_kv_heads": 2, "max_position_embeddings": 1024, "max_len": 256, "batch_tokens": 512, "parts": 2,
         "source_weights": {"tiny2": 2}, "steps": 100,
         "lr": 3e-3, "warmup_steps": 10, "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_betas": [0.9, 0.95],
-        "grad_clip": 1.0, "threads": 1, "held_out": 1, "greedy_tokens": 8,
+        "grad_clip": 1.0, "threads": 1, "workers": 1, "held_out": 1, "greedy_tokens": 8,
     },
 }
 

@@ -255,9 +255,11 @@ def test_embedded_target_round_trips_through_auto_classes(embedded_target):
     assert out.shape[1] > len(tok(prompt).input_ids)
 
 
-def test_embedded_build_is_deterministic_and_seeded(embedded_target, tmp_path):
+def test_embedded_build_is_deterministic_and_seeded_and_the_same_on_two_ranks(embedded_target, tmp_path):
+    """Built again on two processes (each computing one of the two parts of every step): the same bytes as on one."""
     again = tmp_path / "again"
-    write_target(target_params(TINY_TARGET_PARAMS), again, tiny_conversations())
+    two_ranks = {**TINY_TARGET_PARAMS, "embedded": {**TINY_TARGET_PARAMS["embedded"], "workers": 2}}
+    write_target(target_params(two_ranks), again, tiny_conversations())
     assert folder_digests(again) == folder_digests(embedded_target)
 
     other = tmp_path / "seed1"
@@ -307,7 +309,7 @@ def test_batches_take_one_source_within_the_budget_and_label_replies_only():
     examples = {"a": [Example([1, 2, 3], [4, 5]), Example([1, 2], [6])], "b": [Example([7] * 10, [8, 9])]}
     batches = _SourceBatches(examples, {"b": 0.0}, batch_tokens=12, pad=0, seed=0)
     for _ in range(6):  # weight 0: source b is never drawn
-        ids, labels = batches.next()
+        [(ids, labels)] = batches.next(1)
         assert ids.shape[0] * ids.shape[1] <= 12 and set(ids.flatten().tolist()) <= {0, 1, 2, 3, 4, 5, 6}
         for row, lab in zip(ids.tolist(), labels.tolist()):
             n = sum(t != 0 for t in row)  # right-padded with pad=0
@@ -315,8 +317,11 @@ def test_batches_take_one_source_within_the_budget_and_label_replies_only():
             # position t is trained to predict token t + 1, and only where that token is the reply's
             supervised = [row[t + 1] for t in range(n - 1) if lab[t] != IGNORE]
             assert supervised in ([4, 5], [6]) and all(x == IGNORE for x in lab[n - 1:])
-    one = _SourceBatches({"b": examples["b"]}, {}, batch_tokens=12, pad=0, seed=0).next()[0]
-    assert one.shape == (1, 12)  # a batch always holds one example, even one as long as the budget
+    one, empty = _SourceBatches({"b": examples["b"]}, {}, batch_tokens=12, pad=0, seed=0).next(2)
+    assert one[0].shape == (1, 12) and empty is None  # a batch always holds one example, even one as long as the budget
+    # In parts: row i in part i % parts, each part padded to its own longest row.
+    first, second = _SourceBatches({"a": examples["a"] * 2}, {}, batch_tokens=20, pad=0, seed=0).next(2)
+    assert first[0].shape[0] == second[0].shape[0] == 2 and {first[0].shape[1], second[0].shape[1]} <= {3, 5}
 
 
 def test_embedded_stage_from_raw_sources(tmp_path):

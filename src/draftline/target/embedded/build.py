@@ -10,15 +10,16 @@ end) and the first assistant reply after it, up to and including its end of turn
 (a tool call, an answer), never on the prompt: a 600-token tool schema is context to read, not text to write, and
 the reply's end of turn is what stops a greedy reply from running away. Each example is one row, whole (never cut:
 an example longer than ``max_len`` is a counted skip), batched with examples of the same source up to a budget of
-padded tokens; sources are drawn by ``source_weights``.
+padded tokens; sources are drawn by ``source_weights``. Each batch is dealt into ``parts`` whose gradients are summed
+in part order, computed by one process or several (``ranks.py``: the same bytes).
 
 Held out: per source, a fixed hash-ranked few conversations are never trained on; their prompts are answered
 greedily after training and scored (runaway replies, well-formed tool calls) in the stage's metrics, so what the
 target learnt is measured on prompts it has not seen.
 
-Determinism: one seed drives initialisation and batch order, the thread count is fixed (float reductions
-are ordered by it) and torch runs in deterministic mode, so the same params on the same machine and library
-versions give byte-identical weights.
+Determinism: one seed drives initialisation and batch order, the thread count and the parts are fixed (float
+reductions are ordered by them, never by the number of processes) and torch runs in deterministic mode, so the same
+params on the same machine and library versions give byte-identical weights.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ from draftline.core.schedule import adamw, lr_at
 from draftline.core.skips import Skips
 from draftline.core.threads import torch_threads
 from draftline.core.tool_calls import split_tool_calls
+from draftline.target.embedded.ranks import my_parts, processes, run_ranks, summed_gradients
 from draftline.target.embedded.tokenizer import EOS, PAD, render_corpus, train_tokenizer
 from draftline.target.params import EmbeddedParams
 
@@ -118,9 +121,11 @@ class _SourceBatches:
             self.queues[name] = torch.randperm(len(self.examples[name]), generator=self.gen).tolist()
         return self.examples[name][self.queues[name][-1]]
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(input_ids, labels)``, right-padded; labels only on the replies. No attention mask: under causal
-        attention a right pad is never attended to by a real token, so the model runs its causal kernel unmasked."""
+    def next(self, parts: int) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """The step's batch as ``parts`` parts of about equal tokens, each ``(input_ids, labels)`` right-padded to
+        its own width (None: a part left without a row); labels only on the replies. No attention
+        mask: under causal attention a right pad is never attended to by a real token, so the model runs its causal
+        kernel unmasked."""
         name = self.names[torch.multinomial(self.weights, 1, generator=self.gen).item()]
         rows: list[Example] = []
         width = 0
@@ -131,6 +136,10 @@ class _SourceBatches:
             rows.append(ex)
             self.queues[name].pop()
             width = max(width, len(ex))
+        return [self._padded(part) if part else None for part in _balanced(rows, parts)]
+
+    def _padded(self, rows: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(map(len, rows))
         ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
         for i, ex in enumerate(rows):
@@ -138,6 +147,18 @@ class _SourceBatches:
             ids[i, :n] = torch.tensor(ex.prompt + ex.reply)
             labels[i, p - 1 : n - 1] = torch.tensor(ex.reply)  # position t predicts token t + 1
         return ids, labels
+
+
+def _balanced(rows: list[Example], parts: int) -> list[list[Example]]:
+    """``rows`` dealt into ``parts`` of about equal tokens, so that ranks wait little for each other: longest first,
+    each to the part with the fewest tokens so far (the lowest-numbered on a tie)."""
+    out: list[list[Example]] = [[] for _ in range(parts)]
+    tokens = [0] * parts
+    for ex in sorted(rows, key=len, reverse=True):  # stable: equal lengths keep the queue's order
+        i = tokens.index(min(tokens))
+        out[i].append(ex)
+        tokens[i] += len(ex)
+    return out
 
 
 def _model_config(spec: EmbeddedParams, tok: PreTrainedTokenizerFast) -> Qwen3Config:
@@ -159,26 +180,47 @@ def _model_config(spec: EmbeddedParams, tok: PreTrainedTokenizerFast) -> Qwen3Co
     )
 
 
-def _train(model: Qwen3ForCausalLM, batches: _SourceBatches, spec: EmbeddedParams) -> list[dict[str, Any]]:
-    opt = adamw(model.parameters(), spec.lr, spec.adam_betas, spec.weight_decay)
+def _train(model: Qwen3ForCausalLM, batches: _SourceBatches, spec: EmbeddedParams, rank: int, world: int
+           ) -> list[dict[str, Any]]:
+    """The optimizer steps; this rank computes its parts of each (``ranks.my_parts``), every rank steps the sum."""
+    params = list(model.parameters())
+    opt = adamw(params, spec.lr, spec.adam_betas, spec.weight_decay)
+    mine = my_parts(spec.parts, rank, world)
     curve = []
     model.train()
-    for step in tqdm(range(spec.steps), desc="target: training", unit="step"):
-        ids, labels = batches.next()
+    for step in tqdm(range(spec.steps), desc="target: training", unit="step", disable=rank > 0):
+        parts = batches.next(spec.parts)
         lr = lr_at(step, spec.lr, spec.steps, spec.warmup_steps, spec.min_lr_ratio)
         for group in opt.param_groups:
             group["lr"] = lr
-        # The lm_head only where a reply token is predicted: most positions are prompt.
-        hidden = model.model(input_ids=ids).last_hidden_state
-        supervised = labels != IGNORE
-        loss = F.cross_entropy(model.lm_head(hidden[supervised]), labels[supervised])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        supervised = sum(int((p[1] != IGNORE).sum()) for p in parts if p is not None)
+        total = summed_gradients(params, [_part_gradient(model, parts[i], supervised) for i in mine],
+                                 spec.parts, rank, world)
+        torch.nn.utils.clip_grad_norm_(params, spec.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        curve.append({"step": step + 1, "loss": round(loss.item(), 5), "lr": round(lr, 8),
-                      "tokens": ids.numel(), "reply_tokens": int(supervised.sum())})
+        curve.append({"step": step + 1, "loss": round(total[-1].item(), 5), "lr": round(lr, 8),
+                      "tokens": sum(p[0].numel() for p in parts if p is not None), "reply_tokens": supervised})
     return curve
+
+
+def _part_gradient(model: Qwen3ForCausalLM, part: tuple[torch.Tensor, torch.Tensor] | None, supervised: int
+                   ) -> torch.Tensor:
+    """One part's flat gradient of the step's mean reply loss (its share: the sum over its reply tokens divided by
+    the step's), the part's loss share appended; zeros for an empty part."""
+    params = list(model.parameters())
+    if part is None:
+        return torch.zeros(sum(p.numel() for p in params) + 1)
+    ids, labels = part
+    # The lm_head only where a reply token is predicted: most positions are prompt.
+    hidden = model.model(input_ids=ids).last_hidden_state
+    mask = labels != IGNORE
+    loss = F.cross_entropy(model.lm_head(hidden[mask]), labels[mask], reduction="sum") / supervised
+    loss.backward()
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]
+                     + [loss.detach().reshape(1)])
+    model.zero_grad(set_to_none=True)
+    return flat
 
 
 def _prompt_of(conv: Conversation) -> list[dict[str, Any]] | None:
@@ -292,7 +334,7 @@ def build_embedded_target(
         )
         t_train = time.perf_counter()
         batches = _SourceBatches(examples, spec.source_weights, spec.batch_tokens, tok.convert_tokens_to_ids(PAD), seed)
-        curve = _train(model, batches, spec)
+        curve = run_ranks(processes(spec.num_workers(), spec.parts), partial(_train, model, batches, spec))
         train_s = time.perf_counter() - t_train
         samples = _greedy_held_out(model, tok, [c for c in kept if (c.source, c.row) in held], spec)
 
