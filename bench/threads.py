@@ -13,12 +13,14 @@ user's other terminal or job is: with the kernel's autogroup, the CPU is then sh
 - ``spin:N``: GOMP_SPINCOUNT=N, waiting threads spin N times, then sleep;
 - ``cores``: OpenMP, the BLAS libraries and the tokenizers' Rayon pool one thread per core (what the stages ran
   before the one-core rule of ``draftline/core/threads.py``; tokenize's ``workers`` stays the param's).
-- ``workers:N``: draftline's environment, and the stages that run processes (``generate.local.workers``,
-  ``tokenize.workers``, ``evaluate.workers``) N of them instead of the param's (``workers:auto``: evaluate only).
+- ``workers:N``: draftline's environment, and the stages that run processes (``target.embedded.workers``,
+  ``generate.local.workers``, ``tokenize.workers``, ``evaluate.workers``) N of them instead of the param's
+  (``workers:auto``: target and evaluate only).
 
 Cells (on the committed embedded default: ``dvc repro`` or ``dvc pull`` first):
 
-- target: seconds per optimizer step of the embedded target's build (``--steps`` steps, target.embedded.threads);
+- target: seconds per optimizer step of the embedded target's build (``--steps`` steps, target.embedded.threads
+  threads in target.embedded.workers processes);
 - generate: seconds of generation for ``--prompts`` prompts of data/prompts/train.jsonl (generate.local.workers
   processes of generate.local.threads threads; model loading excluded);
 - train: seconds per optimizer step over ``--steps`` steps (train.threads);
@@ -30,6 +32,7 @@ Each cell is the median of ``--reps`` repetitions, alternating cells so that dri
     python bench/threads.py                                   # about 25 minutes on 2 cores
     python bench/threads.py --stages target --policies draftline active spin:10000 --reps 1
     python bench/threads.py --stages evaluate --policies workers:1 workers:2 workers:auto   # evaluate's processes
+    python bench/threads.py --stages target --policies workers:1 workers:2 workers:auto     # the target's ranks
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def _target(tmp: Path, steps: int, _prompts: int) -> float:
 
     p = TargetParams.load("target")
     spec = dataclasses.replace(p.embedded, steps=steps, warmup_steps=min(p.embedded.warmup_steps, steps), held_out=1,
-                               greedy_tokens=1)
+                               greedy_tokens=1, workers=workers(p.embedded.workers))
     args = TargetArgs(conversations=DATA / "conversations", out=tmp / "target", metrics=tmp / "m.json",
                       report=tmp / "r.json", plot=tmp / "p.csv")
     return execute("target", run_target, dataclasses.replace(p, embedded=spec), args).run["train_s"] / steps
