@@ -115,7 +115,8 @@ def my_parts(parts: int, rank: int, world: int) -> list[int]:
 def summed_gradients(params: Sequence[torch.nn.Parameter], mine: list[torch.Tensor], parts: int,
                      rank: int, world: int) -> torch.Tensor:
     """The sum, in part order, of every part's flat gradient: ``mine`` holds this rank's parts'
-    (:func:`my_parts` order); the others' are gathered. Written into ``params``' ``.grad``; returned flat."""
+    (:func:`my_parts` order); the others' are gathered. Written into ``params``' ``.grad``; returned flat, with
+    whatever the parts carried after the parameters' values (the build's loss shares) summed too."""
     if world == 1:
         ordered = mine
     else:
