@@ -82,3 +82,24 @@ def test_a_program_with_its_own_pool_gets_the_users_settings_not_draftlines() ->
     assert child == env
     assert own_pool_environment(child) == {"OMP_NUM_THREADS": "4", "PATH": "/bin"}
     assert SET_HERE not in own_pool_environment(env)
+
+
+def test_workers_are_checked_and_counted_in_one_place(caplog: pytest.LogCaptureFixture) -> None:
+    """target.embedded.workers and evaluate.workers share one rule: at least 1 or auto, never more than one of both
+    threads and forked processes; auto is the idle cores now; a fork from a multi-threaded process is refused."""
+    from draftline.core.params import ParamsError
+    from draftline.core.threads import check_workers, forkable, torch_threads, workers_now
+
+    check_workers(1, "auto", "evaluate")
+    check_workers(4, 1, "evaluate")
+    with pytest.raises(ParamsError, match=r"evaluate\.workers must be >= 1 or auto, not 0"):
+        check_workers(1, 0, "evaluate")
+    with pytest.raises(ParamsError, match="target.embedded: threads 2 and workers auto: more than one of both"):
+        check_workers(2, "auto", "target.embedded")
+    assert workers_now(3) == 3
+    assert 1 <= workers_now("auto") <= len(os.sched_getaffinity(0))
+    with torch_threads(1):
+        assert forkable(2, "evaluate.workers") == 2
+    with torch_threads(2), caplog.at_level("WARNING"):
+        assert forkable(2, "evaluate.workers") == 1
+    assert "evaluate.workers is 2, but processes can only be forked from a one-thread process" in caplog.text

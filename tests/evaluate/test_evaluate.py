@@ -255,7 +255,7 @@ def test_unknown_params_and_missing_drafter_are_named(tiny_target_dir, tmp_path)
         eval_params(enable_thinking=False)
     with pytest.raises(ValueError, match="threads 2 and workers auto"):  # forked workers need a one-thread parent
         eval_params(threads=2, workers="auto")
-    with pytest.raises(ValueError, match="workers >= 1 or auto"):
+    with pytest.raises(ValueError, match=r"evaluate\.workers must be >= 1 or auto"):
         eval_params(workers=0)
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(prompt(0, "chat", "hi").to_json() + "\n")
@@ -356,6 +356,7 @@ def test_a_worker_that_dies_stops_the_stage_instead_of_hanging():
     """A worker killed mid-request (the OOM killer, a SIGKILL) ends decoding with a one-line error naming the fix."""
     from types import SimpleNamespace
 
+    from draftline.core.threads import torch_threads
     from draftline.evaluate.pool import WorkerDied, decode_all
 
     class Dies:
@@ -367,7 +368,7 @@ def test_a_worker_that_dies_stops_the_stage_instead_of_hanging():
             return [request]
 
     jobs = [("greedy", None, r, False) for r in ("a", "b", "fatal", "c")]
-    with pytest.raises(WorkerDied, match="evaluate.workers: 1"):
+    with torch_threads(1), pytest.raises(WorkerDied, match="evaluate.workers: 1"):  # as the stage forks them
         list(decode_all(jobs, Dies(), 2, Skips(get_logger("test"))))
 
 

@@ -2,9 +2,9 @@
 
 The rule: every thread pool a stage can start runs one thread, and every stage one process, unless a param asks
 for more: ``target.embedded.threads``, ``generate.local.threads``, ``train.threads``, ``evaluate.threads`` (torch's
-intra-op pool, set by :func:`torch_threads`), ``tokenize.workers``, ``generate.local.workers`` and
-``evaluate.workers`` (processes; the latter two ``auto`` by default: one per core idle when the stage starts,
-:func:`idle_cores`).
+intra-op pool, set by :func:`torch_threads`), ``tokenize.workers``, ``target.embedded.workers``,
+``generate.local.workers`` and ``evaluate.workers`` (processes; the latter three ``auto`` by default: one per core
+idle when the stage starts, :func:`idle_cores`; forked ones checked by :func:`check_workers` and :func:`forkable`).
 The pools no param reaches (OpenMP's and the BLAS libraries' defaults, the Rust tokenizers' Rayon pool that batch
 encoding and the mix labels run on) get one thread from :data:`ONE_CORE`, set on the first import of draftline,
 before any of them starts (each reads its variable once), unless the user set the variable: a user's choice wins.
@@ -33,6 +33,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from draftline.core.logs import get_logger
+from draftline.core.params import ParamsError
+
+log = get_logger(__name__)
 
 ONE_CORE = {
     "OMP_NUM_THREADS": "1",  # OpenMP: torch's default intra-op pool, numpy's BLAS where it is OpenMP
@@ -96,6 +101,35 @@ def idle_cores(window_s: float = 0.5) -> int:
         return usable
     share = (idle1 - idle0) / max(total1 - total0, 1)
     return max(1, min(usable, round(share * (os.cpu_count() or 1))))
+
+
+def check_workers(threads: int, workers: int | str, where: str) -> None:
+    """Refuse a ``workers`` count below 1 (other than ``auto``), and more than one of both threads and processes: the
+    processes are forked, and a process forked after a multi-threaded OpenMP region hangs in its next one."""
+    if workers != "auto" and workers < 1:
+        raise ParamsError(f"params.yaml: {where}.workers must be >= 1 or auto, not {workers}")
+    if threads != 1 and workers != 1:
+        raise ParamsError(f"params.yaml: {where}: threads {threads} and workers {workers}: more than one of both is "
+                          "not supported; use processes (threads: 1) or threads (workers: 1)")
+
+
+def workers_now(workers: int | str) -> int:
+    """``workers``, or with ``auto`` one per core idle now (:func:`idle_cores`)."""
+    return idle_cores() if workers == "auto" else int(workers)
+
+
+def forkable(workers: int, param: str) -> int:
+    """``workers``, or 1 (warned, naming ``param``) where processes cannot be forked safely: on a system without fork,
+    or from a process running more than one torch thread (its OpenMP pool would hang the child)."""
+    import multiprocessing as mp
+
+    import torch
+
+    if workers > 1 and ("fork" not in mp.get_all_start_methods() or torch.get_num_threads() != 1):
+        log.warning("%s is %d, but processes can only be forked from a one-thread process on a "
+                    "system with fork: running one", param, workers)
+        return 1
+    return workers
 
 
 def _cpu_times() -> tuple[int, int]:

@@ -8,7 +8,7 @@ from typing import Literal
 from draftline.core.params import Params, ParamsError
 from draftline.core.requests import HELDOUT
 from draftline.core.source_spec import SourceSpec
-from draftline.core.threads import idle_cores
+from draftline.core.threads import check_workers
 
 
 @dataclass(frozen=True)
@@ -64,19 +64,12 @@ class EvalParams(Params):
         if not self.sampling:
             raise ParamsError(f"params.yaml: {where}.sampling needs at least one setting, e.g. greedy: "
                               "{temperature: 0.0, top_p: 1.0, top_k: 0}")
-        if self.threads < 0 or (self.workers != "auto" and self.workers < 1):
-            raise ParamsError(f"params.yaml: {where}: threads must be >= 0 (0: one per core), workers >= 1 or auto")
-        if self.threads != 1 and self.workers != 1:
-            # The workers are forked, and a process forked after a multi-threaded OpenMP region hangs in its next one.
-            raise ParamsError(f"params.yaml: {where}: threads {self.threads} and workers {self.workers}: more than one of "
-                              "both is not supported; use processes (threads: 1) or threads (workers: 1)")
+        if self.threads < 0:
+            raise ParamsError(f"params.yaml: {where}.threads must be >= 0 (0: one per core)")
+        check_workers(self.threads, self.workers, where)
         if HELDOUT in self.sets:
             raise ParamsError(f"params.yaml: {where}.sets: {HELDOUT!r} names the training sources' held-out prompts; "
                               "call the set something else")
-
-    def num_workers(self) -> int:
-        """The processes to decode with: ``workers``, or with ``auto`` one per core idle now (core/threads.py)."""
-        return idle_cores() if self.workers == "auto" else self.workers
 
 
 def load(_args: object = None) -> EvalParams:

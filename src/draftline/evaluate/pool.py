@@ -32,6 +32,7 @@ from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
 from draftline.core.requests import Request
 from draftline.core.skips import Skips
+from draftline.core.threads import forkable
 from draftline.drafter.speculative import Sampling
 from draftline.evaluate.decoder import Decoder
 from draftline.evaluate.report import TurnResult
@@ -72,11 +73,8 @@ def _decode(job: Job) -> tuple[list[TurnResult], list[tuple[str, str, str]]]:
 
 def processes(workers: int, decoder: Decoder) -> int:
     """How many processes will decode: ``workers``, or 1 where they cannot be forked or the models are on a GPU."""
-    n = workers
-    if workers > 1 and "fork" not in mp.get_all_start_methods():
-        log.warning("evaluate.workers is %d, but processes cannot be forked here: decoding in one", workers)
-        n = 1
-    elif workers > 1 and decoder.target.device.type != "cpu":
+    n = forkable(workers, "evaluate.workers")
+    if n > 1 and decoder.target.device.type != "cpu":
         log.info("decoding on %s in one process (evaluate.workers applies on the CPU)", decoder.target.device)
         n = 1
     log.info("decoding on %d process(es)", n)

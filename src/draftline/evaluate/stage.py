@@ -42,7 +42,7 @@ from draftline.core.runner import StageArgs, StageRun
 from draftline.core.skips import Skips
 from draftline.core.splits import TEST
 from draftline.core.target_loader import load_target
-from draftline.core.threads import torch_threads
+from draftline.core.threads import torch_threads, workers_now
 from draftline.drafter.speculative import Sampling
 from draftline.evaluate.decoder import Decoder, build_decoder
 from draftline.evaluate.params import EvalParams, SamplingParams
@@ -116,7 +116,7 @@ def decode(decoder: Decoder, p: EvalParams, settings: dict[str, Setting], reques
     jobs = [(name, Sampling(st.sampling.temperature, st.sampling.top_p, st.sampling.top_k), req, st.thinking)
             for name, st in settings.items() for req in requests]
     results: dict[str, list[TurnResult]] = {name: [] for name in settings}
-    bar = tqdm(decode_all(jobs, decoder, p.num_workers(), skips), total=len(jobs), desc="evaluate", unit="request")
+    bar = tqdm(decode_all(jobs, decoder, workers_now(p.workers), skips), total=len(jobs), desc="evaluate", unit="request")
     for i, ((name, *_), turns) in enumerate(zip(jobs, bar), 1):
         results[name] += turns
         if i % 32 == 0 or i == len(jobs):  # the figure reads every turn so far: at every request, ~7 s of a run

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from draftline.core.params import Params, ParamsError, optional
-from draftline.core.threads import idle_cores
+from draftline.core.threads import check_workers
 
 
 @dataclass(frozen=True)
@@ -50,16 +50,9 @@ class EmbeddedParams(Params):
             raise ParamsError(f"params.yaml: {where}.adam_betas must be two numbers in [0, 1), not {self.adam_betas}")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ParamsError(f"params.yaml: {where}: hidden_size must divide by num_heads, num_heads by num_kv_heads")
-        if self.parts < 1 or (self.workers != "auto" and self.workers < 1):
-            raise ParamsError(f"params.yaml: {where}: parts must be >= 1, workers >= 1 or auto")
-        if self.threads != 1 and self.workers != 1:
-            # The ranks are forked, and a process forked after a multi-threaded OpenMP region hangs in its next one.
-            raise ParamsError(f"params.yaml: {where}: threads {self.threads} and workers {self.workers}: more than one "
-                              "of both is not supported; use processes (threads: 1) or threads (workers: 1)")
-
-    def num_workers(self) -> int:
-        """The processes to build with: ``workers``, or with ``auto`` one per core idle now (core/threads.py)."""
-        return idle_cores() if self.workers == "auto" else self.workers
+        if self.parts < 1:
+            raise ParamsError(f"params.yaml: {where}.parts must be >= 1")
+        check_workers(self.threads, self.workers, where)
 
 
 @dataclass(frozen=True)

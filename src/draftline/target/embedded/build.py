@@ -49,7 +49,7 @@ from draftline.core.logs import get_logger
 from draftline.core.records import Conversation
 from draftline.core.schedule import adamw, lr_at
 from draftline.core.skips import Skips
-from draftline.core.threads import torch_threads
+from draftline.core.threads import torch_threads, workers_now
 from draftline.core.tool_calls import split_tool_calls
 from draftline.target.embedded.ranks import my_parts, processes, run_ranks, summed_gradients
 from draftline.target.embedded.tokenizer import EOS, PAD, render_corpus, train_tokenizer
@@ -334,7 +334,7 @@ def build_embedded_target(
         )
         t_train = time.perf_counter()
         batches = _SourceBatches(examples, spec.source_weights, spec.batch_tokens, tok.convert_tokens_to_ids(PAD), seed)
-        curve = run_ranks(processes(spec.num_workers(), spec.parts), partial(_train, model, batches, spec))
+        curve = run_ranks(processes(workers_now(spec.workers), spec.parts), partial(_train, model, batches, spec))
         train_s = time.perf_counter() - t_train
         samples = _greedy_held_out(model, tok, [c for c in kept if (c.source, c.row) in held], spec)
 

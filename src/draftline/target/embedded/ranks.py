@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from draftline.core.errors import Refusal
 from draftline.core.logs import get_logger
+from draftline.core.threads import forkable
 
 log = get_logger(__name__)
 
@@ -46,11 +47,7 @@ class RankFailed(Refusal, RuntimeError):
 
 def processes(workers: int, parts: int) -> int:
     """How many processes will compute the parts: ``workers``, at most ``parts``, and 1 where forking is unsafe."""
-    n = max(1, min(workers, parts))
-    if n > 1 and ("fork" not in mp.get_all_start_methods() or torch.get_num_threads() != 1):
-        log.warning("target.embedded.workers is %d, but ranks can only be forked from a one-thread process on a "
-                    "system with fork: building in one process", workers)
-        n = 1
+    n = forkable(max(1, min(workers, parts)), "target.embedded.workers")
     log.info("embedded build: %d part(s) per step on %d process(es)", parts, n)
     return n
 
