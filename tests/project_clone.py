@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHRINK = {
     "target": {"embedded": {"steps": 150, "warmup_steps": 15, "held_out": 2, "greedy_tokens": 24}},
     "blend": {"total": 400, "eval": {"dev": 1, "test": 2}},  # above http_traces (whole: true, 357 prompts)
-    # The 150-step target runs ~40% of its replies into 48 tokens (the earlier build's figure): above the default
-    # share (0.2), which would stop generate; accepted here, as the skips below are.
-    "generate": {"max_tokens": 48, "max_truncated_share": 0.6},
+    # The 150-step target runs 40-61% of its replies into 48 tokens, by machine (its float bytes differ between CPU
+    # types): above the default share (0.2), which would stop generate; accepted here, as the skips below are.
+    "generate": {"max_tokens": 48, "max_truncated_share": 0.8},
     # The 150-step target ends ~2.5% of its replies at once (one supervised token): counted skips, accepted here.
     "tokenize": {"max_skip_share": 0.05},
     "train": {"max_steps": 40, "save_every": 20},
