@@ -52,16 +52,23 @@ def arm(label: str, eval_json: Path, served: dict) -> dict:
     return out
 
 
+def labelled(value: str) -> tuple[str, Path]:
+    label, sep, path = value.partition("=")
+    if not sep or not label or not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"{value!r}: give LABEL=path/to/an/existing/reports/eval.json")
+    return label, Path(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--served", type=Path, required=True, help="the serve stage's reports/serve.json")
     ap.add_argument("--verify", type=Path, required=True, help="bench/verify_cost.py's JSON")
-    ap.add_argument("--arm", action="append", required=True, help="LABEL=path/to/reports/eval.json")
+    ap.add_argument("--arm", action="append", required=True, type=labelled, help="LABEL=path/to/reports/eval.json")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     served = served_step(json.loads(args.served.read_text()))
     block = served["block_size"]
-    arms = [arm(label, Path(path), served) for label, path in (a.split("=", 1) for a in args.arm)]
+    arms = [arm(label, path, served) for label, path in args.arm]
     free = {f["file"]: {b: needed(2.0, f["decode_ms"] / ms, int(b)) for b, ms in f["block_ms"].items() if int(b) > 1}
             for f in json.loads(args.verify.read_text())["files"]}
     result = {"served": served, "arms": arms,
